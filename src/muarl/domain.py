@@ -1,0 +1,146 @@
+"""Domain: the public way to describe a world an agent works in, and the registry of known domains.
+
+A domain is data (a seeded database generator), tools for the agent and optionally for the user, a
+written policy, and a seeded task generator. The built-in domains use nothing but this module, so a
+domain of your own is a peer of ``retail``: build a :class:`Domain` and :func:`register` it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from muarl.db import Database
+from muarl.env import Env
+from muarl.tools import Tool
+from muarl.types import SPLITS, Task
+
+#: (seed, size) -> tables. ``size`` scales the number of users; the generator picks the rest.
+DBBuilder = Callable[[int, int], Mapping[str, Mapping[str, Any]]]
+#: (domain, seed, counts per split) -> tasks with gold actions.
+TaskBuilder = Callable[["Domain", int, Mapping[str, int]], list[Task]]
+#: (table, record) -> id of the user who owns it, or None for shared records (products, flights ...).
+OwnerFn = Callable[[str, Mapping[str, Any]], "str | None"]
+
+
+@dataclass
+class Domain:
+    """Everything muarl needs to run, grade and train on one kind of conversation."""
+
+    name: str
+    description: str
+    policy: str
+    tools: list[Tool]
+    build_db: DBBuilder
+    build_tasks: TaskBuilder
+    owner_of: OwnerFn = lambda table, record: None  # noqa: E731
+    user_tools: list[Tool] = field(default_factory=list)
+    db_seed: int = 0
+    db_size: int = 200
+    task_seed: int = 0
+    task_counts: Mapping[str, int] = field(default_factory=lambda: {"train": 200, "dev": 40, "test": 80})
+    tasks_file: Path | None = None
+    #: whether writes need an authenticated user (reported as a violation otherwise)
+    requires_auth: bool = True
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tools]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"domain {self.name}: duplicate agent tools {sorted(dup)}")
+        for t in self.user_tools:
+            if t.spec.actor != "user":
+                raise ValueError(f"domain {self.name}: user tool {t.name} must be declared with actor='user'")
+        self._db: Database | None = None
+        self._tasks: list[Task] | None = None
+
+    # -- data ---------------------------------------------------------------------------------------
+    def database(self) -> Database:
+        """The default database, generated from ``db_seed`` once per process and shared by all envs."""
+        if self._db is None:
+            self._db = Database(self.build_db(self.db_seed, self.db_size))
+        return self._db
+
+    def env(self, task: Task | None = None, **context: Any) -> Env:
+        """A fresh rollout environment (cheap: no data is copied or parsed)."""
+        return Env(self, task, context)
+
+    @cached_property
+    def agent_tools(self) -> dict[str, Tool]:
+        return {t.name: t for t in self.tools}
+
+    @cached_property
+    def user_tool_map(self) -> dict[str, Tool]:
+        return {t.name: t for t in self.user_tools}
+
+    # -- tasks --------------------------------------------------------------------------------------
+    def generate_tasks(self, seed: int | None = None, counts: Mapping[str, int] | None = None) -> list[Task]:
+        """Generate tasks from a seed against the default database (any number, deterministic)."""
+        seed = self.task_seed if seed is None else seed
+        return self.build_tasks(self, seed, dict(counts or self.task_counts))
+
+    def tasks(self, split: str | None = None) -> list[Task]:
+        """The default task set: shipped with the package when present, else generated from its seed."""
+        if self._tasks is None:
+            if self.tasks_file is not None and self.tasks_file.exists():
+                self._tasks = load_tasks(self.tasks_file)
+            else:
+                self._tasks = self.generate_tasks()
+        if split is None:
+            return list(self._tasks)
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+        return [t for t in self._tasks if t.split == split]
+
+    def task(self, task_id: str) -> Task:
+        for t in self.tasks():
+            if t.id == task_id:
+                return t
+        raise KeyError(f"domain {self.name} has no task {task_id!r}")
+
+
+def load_tasks(path: Path) -> list[Task]:
+    data = json.loads(Path(path).read_text())
+    return [Task.model_validate(t) for t in data["tasks"]]
+
+
+def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
+    payload = {**meta, "tasks": [t.model_dump(mode="json") for t in tasks]}
+    Path(path).write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+
+
+_REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
+_BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom"}
+
+
+def register(domain: Domain | Callable[[], Domain], name: str | None = None) -> None:
+    """Make a domain available by name to the CLI and to configs (a factory is built on first use)."""
+    key = name or getattr(domain, "name", None)
+    if not key:
+        raise ValueError("register a factory with an explicit name=")
+    _REGISTRY[key] = domain
+
+
+def get_domain(name: str) -> Domain:
+    """Look a domain up by name; built-ins are imported lazily, ``pkg.module:attr`` loads a user domain."""
+    if name not in _REGISTRY and name in _BUILTINS:
+        importlib.import_module(_BUILTINS[name])
+    if name not in _REGISTRY and ":" in name and not name.startswith(("tau2:", "bfcl:")):
+        module, _, attr = name.partition(":")
+        obj = getattr(importlib.import_module(module), attr)
+        _REGISTRY[name] = obj
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise KeyError(f"unknown domain {name!r}; known: {', '.join(domain_names())}")
+    if not isinstance(entry, Domain):
+        entry = _REGISTRY[name] = entry()
+    return entry
+
+
+def domain_names() -> list[str]:
+    return sorted(set(_BUILTINS) | set(_REGISTRY))

@@ -1,0 +1,137 @@
+"""The judge: binary DB-match reward, required outputs, task completion rate and policy violations.
+
+The reward is the paper's: 1 when the final database equals the one obtained by replaying the task's
+gold actions on a fresh copy, else 0. Required outputs (facts the agent must say) are switchable: off
+for training, on for evaluation. TCR and violations are reported beside the reward, never mixed in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from muarl.db import record_hash
+from muarl.env import Env
+from muarl.types import Check, Message, Reward, Task, ToolRecord, Trajectory, Violation
+
+if TYPE_CHECKING:
+    from muarl.domain import Domain
+
+_AFFIRM = re.compile(
+    r"\b(yes|yeah|yep|yup|sure|confirm(?:ed|s)?|i confirm|go ahead|proceed|please do|do it|do that|"
+    r"that'?s right|correct|ok|okay|sounds good|absolutely|of course|approved?|agreed?)\b",
+    re.IGNORECASE,
+)
+_NEGATE = re.compile(
+    r"^\W*(no|nope|nah|wait|hold on|not yet|stop)\b|\b(don'?t|do not|never)\s+(do|proceed|go|make|change|"
+    r"cancel|book|confirm)",
+    re.IGNORECASE,
+)
+
+
+def is_confirmation(text: str) -> bool:
+    """Whether a user message explicitly approves the action just proposed."""
+    return bool(_AFFIRM.search(text)) and not _NEGATE.search(text)
+
+
+def replay(domain: Domain, task: Task, log: list[ToolRecord]) -> Env:
+    """Rebuild an episode's final state by re-executing its tool log on a fresh env (tools are pure)."""
+    env = domain.env(task)
+    for record in log:
+        env.call(record.name, record.arguments, actor=record.actor, call_id=record.call_id)
+    return env
+
+
+def gold_env(domain: Domain, task: Task) -> tuple[Env, list[list[tuple[str, str]]]]:
+    """The gold final state, and the records each gold action changed (for TCR)."""
+    env = domain.env(task)
+    changed = []
+    for action in task.gold_actions:
+        record = env.run(action)
+        changed.append(record.changed if record.ok else [])
+    return env, changed
+
+
+def _normalize(text: str) -> str:
+    return " ".join(re.sub(r"[$,]", "", text.lower()).split())
+
+
+def outputs_said(task: Task, messages: list[Message]) -> list[Check]:
+    said = _normalize(" ".join(m.content for m in messages if m.role == "assistant"))
+    return [Check(name=f"output: {o}", passed=_normalize(o) in said) for o in task.required_outputs]
+
+
+def find_violations(domain: Domain, task: Task, trajectory: Trajectory) -> list[Violation]:
+    """Writes before authentication, writes without a fresh confirmation, writes to other users' records.
+
+    Each explicit confirmation from the user licenses one write: the policy asks for confirmation
+    before *every* write, so two writes after one "yes" count the second as unconfirmed.
+    """
+    where: dict[str, int] = {}
+    for i, m in enumerate(trajectory.messages):
+        for call in m.tool_calls:
+            where.setdefault(call.id, i)
+    used: set[int] = set()
+    out: list[Violation] = []
+    for rec in trajectory.tool_log:
+        if rec.actor != "agent" or rec.kind != "write" or not rec.ok:
+            continue
+        if domain.requires_auth and rec.authenticated != task.user_id:
+            who = "nobody" if rec.authenticated is None else f"user {rec.authenticated}"
+            out.append(Violation(kind="unauthenticated_write", call_id=rec.call_id, tool=rec.name,
+                                 detail=f"write while {who} was authenticated (task user {task.user_id})"))
+        strangers = [o for o in rec.owners if o != task.user_id]
+        if strangers:
+            out.append(Violation(kind="other_user_records", call_id=rec.call_id, tool=rec.name,
+                                 detail=f"changed records of {', '.join(strangers)}"))
+        m = where.get(rec.call_id)
+        u = next((j for j in range(m - 1, -1, -1) if trajectory.messages[j].role == "user"), None) if m else None
+        if u is None or u in used or not is_confirmation(trajectory.messages[u].content):
+            said = "no user turn" if u is None else repr(trajectory.messages[u].content[:80])
+            out.append(Violation(kind="unconfirmed_write", call_id=rec.call_id, tool=rec.name,
+                                 detail=f"previous user turn was {said}" + (" (already used)" if u in used else "")))
+        else:
+            used.add(u)
+    return out
+
+
+def score(
+    domain: Domain,
+    task: Task,
+    trajectory: Trajectory,
+    env: Env | None = None,
+    require_outputs: bool = True,
+) -> Reward:
+    """Grade one episode. ``env`` is the live final state; without it the tool log is replayed."""
+    final = env if env is not None else replay(domain, task, trajectory.tool_log)
+    gold, gold_changed = gold_env(domain, task)
+    db_match = final.hash() == gold.hash()
+    checks: list[Check] = []
+    for action, keys in zip(task.gold_actions, gold_changed, strict=True):
+        if not keys:
+            continue
+        bad = [f"{t}[{k}]" for t, k in keys if _record(final, t, k) != _record(gold, t, k)]
+        checks.append(Check(name=f"effect of {action.name}", passed=not bad,
+                            detail=f"differs: {', '.join(bad)}" if bad else ""))
+    if not checks:
+        untouched = final.hash() == domain.database().view().hash()
+        checks.append(Check(name="database unchanged", passed=untouched))
+    output_checks = outputs_said(task, trajectory.messages)
+    checks += output_checks
+    outputs_ok = all(c.passed for c in output_checks)
+    passed = db_match and (outputs_ok or not require_outputs)
+    return Reward(
+        reward=1.0 if passed else 0.0,
+        db_match=db_match,
+        outputs_ok=outputs_ok,
+        outputs_required=require_outputs,
+        tcr=sum(c.passed for c in checks) / len(checks),
+        checks=checks,
+        violations=find_violations(domain, task, trajectory),
+        diff=[] if db_match else final.diff(gold),
+    )
+
+
+def _record(env: Env, table: str, key: str) -> str | None:
+    rows = env.db[table]
+    return record_hash(rows[key]) if key in rows else None

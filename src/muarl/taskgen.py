@@ -1,0 +1,145 @@
+"""The shared machinery of seeded task generation: user splits, family sampling, gold verification.
+
+A domain supplies *families*: functions that, given a random generator, the database and a user, draft
+one task (scenario, instruction, gold actions computed by the domain's reference solver) or return None
+when that user cannot host the family. This module turns families into a deterministic task set whose
+splits never share a user, and replays every draft's gold actions so that no unsolvable task ships.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from muarl.db import DBView
+from muarl.types import SPLITS, Action, Scenario, Task
+
+if TYPE_CHECKING:
+    from muarl.domain import Domain
+
+#: Fractions of users per split. Fixed per user id (not per seed), so extra training tasks generated
+#: with another seed never borrow a test user.
+SPLIT_FRACTIONS: Mapping[str, float] = {"train": 0.6, "dev": 0.1, "test": 0.3}
+
+
+@dataclass
+class Draft:
+    """A family's proposal for one task, before it gets an id and a split."""
+
+    scenario: Scenario
+    instruction: str
+    gold_actions: list[Action]
+    required_outputs: list[str] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+Family = Callable[[random.Random, DBView, str], "Draft | None"]
+
+
+class GenerationError(RuntimeError):
+    pass
+
+
+def user_split(user_id: str, fractions: Mapping[str, float] = SPLIT_FRACTIONS) -> str:
+    """The split a user belongs to: a stable function of the id alone."""
+    bucket = int.from_bytes(hashlib.sha256(user_id.encode()).digest()[:8], "big") / 2**64
+    edge = 0.0
+    for split in SPLITS:
+        edge += fractions[split]
+        if bucket < edge:
+            return split
+    return SPLITS[-1]
+
+
+def generate(
+    domain: Domain,
+    seed: int,
+    counts: Mapping[str, int],
+    families: Mapping[str, tuple[float, Family]],
+    users: Sequence[str],
+    max_tries: int = 200,
+) -> list[Task]:
+    """Draft ``counts[split]`` verified tasks per split, cycling families by weight.
+
+    Every draft's gold actions are replayed on a fresh env and must all succeed (a failure is a bug in
+    the family and raises :class:`GenerationError`). A family that finds no new host is set aside; when
+    all are, generation fails loudly instead of quietly shipping fewer tasks than asked.
+    """
+    unknown = set(counts) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"unknown split(s) {sorted(unknown)}; choose from {', '.join(SPLITS)}")
+    pools: dict[str, list[str]] = {s: [] for s in SPLITS}
+    for uid in sorted(users):
+        pools[user_split(uid)].append(uid)
+    names = sorted(families)
+    weights = [families[n][0] for n in names]
+    base_view = domain.database().view()
+    tasks: list[Task] = []
+    for split in SPLITS:
+        n = counts.get(split, 0)
+        if n and not pools[split]:
+            raise GenerationError(f"{domain.name}: no users fall in split {split!r}; grow the database")
+        rng = random.Random(f"{domain.name}:{seed}:{split}")
+        seen: set[str] = set()
+        exhausted: set[str] = set()
+        made = 0
+        while made < n:
+            live = [w if name not in exhausted else 0.0 for name, w in zip(names, weights, strict=True)]
+            if not any(live):
+                raise GenerationError(
+                    f"{domain.name}: every family ran out of distinct tasks in split {split!r} after {made}; "
+                    "grow the database (db_size) or ask for fewer tasks"
+                )
+            family = rng.choices(names, live)[0]
+            draft = None
+            for _ in range(max_tries):
+                user = rng.choice(pools[split])
+                candidate = families[family][1](rng, base_view, user)
+                if candidate is None:
+                    continue
+                key = _signature(family, user, candidate)
+                if key in seen:
+                    continue
+                draft = candidate
+                break
+            if draft is None:
+                exhausted.add(family)
+                continue
+            seen.add(key)
+            task = Task(
+                id=f"{domain.name}-{split}-{seed}-{made:05d}",
+                domain=domain.name,
+                split=split,  # type: ignore[arg-type]
+                family=family,
+                user_id=user,
+                scenario=draft.scenario,
+                instruction=draft.instruction,
+                gold_actions=draft.gold_actions,
+                required_outputs=draft.required_outputs,
+                context=draft.context,
+            )
+            verify_gold(domain, task)
+            tasks.append(task)
+            made += 1
+    return tasks
+
+
+def verify_gold(domain: Domain, task: Task) -> None:
+    """Raise if any gold action of ``task`` fails on a fresh env (a bug in the family, not the agent)."""
+    env = domain.env(task)
+    for action in task.gold_actions:
+        record = env.run(action)
+        if not record.ok:
+            raise GenerationError(
+                f"{task.id} ({task.family}): gold action {action.name}({json.dumps(action.arguments)}) "
+                f"failed: {record.output}"
+            )
+
+
+def _signature(family: str, user: str, draft: Draft) -> str:
+    payload = [family, user, [a.model_dump() for a in draft.gold_actions], draft.scenario.model_dump()]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
