@@ -1,0 +1,34 @@
+"""The retail domain: an online store's users, orders and catalogue (the tau-bench retail setting)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from muarl.domain import Domain, register
+from muarl.domains.retail.data import build_db
+from muarl.domains.retail.tasks import build_tasks
+from muarl.domains.retail.tools import TOOLS
+
+_HERE = Path(__file__).parent
+
+
+def owner_of(table: str, record: Mapping[str, Any]) -> str | None:
+    """Users own themselves and their orders; the catalogue is shared."""
+    return record.get("user_id") if table in ("users", "orders") else None
+
+
+DOMAIN = Domain(
+    name="retail",
+    description="Online store: authenticate, then cancel or modify pending orders, return or exchange delivered items.",
+    policy=(_HERE / "policy.md").read_text(),
+    tools=TOOLS,
+    build_db=build_db,
+    build_tasks=build_tasks,
+    owner_of=owner_of,
+    db_size=300,
+    task_counts={"train": 240, "dev": 40, "test": 80},
+    tasks_file=_HERE / "tasks.json",
+)
+register(DOMAIN)
