@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install muarl into the current Python environment.
+#   bash scripts/install.sh         the package and its runtime dependencies
+#   bash scripts/install.sh --dev   plus the test and lint tools
+# On a machine without CUDA the CPU build of torch is installed first, so that resolving the package's
+# `torch` requirement never pulls the multi-GB CUDA build. A torch that is already installed (say, your
+# GPU build) is kept. Override the pin with MUARL_TORCH="torch==X.Y.Z".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+extras=""
+[[ "${1:-}" == "--dev" ]] && extras="[dev]"
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "install: GPU machine, installing the default torch build"
+    "$PY" -m pip install --quiet "${MUARL_TORCH:-torch}"
+  else
+    echo "install: no GPU, installing the CPU build of torch"
+    "$PY" -m pip install --quiet "${MUARL_TORCH:-torch==2.13.0}"
+  fi
+fi
+"$PY" -m pip install --quiet -e ".${extras}"
+echo "install: muarl $("$PY" -c 'import muarl; print(muarl.__version__)') ready"

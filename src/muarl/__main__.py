@@ -1,0 +1,5 @@
+import sys
+
+from muarl.cli import main
+
+sys.exit(main())
