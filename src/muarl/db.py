@@ -225,21 +225,38 @@ class DBView:
         return {table: {key: thaw(self[table][key]) for key in self[table]} for table in self.base.tables}
 
 
-def _value_diff(path: str, old: Any, new: Any, out: list[str]) -> None:
+#: Stands for "no such key" in :func:`changes` and :func:`lookup`.
+MISSING: Any = object()
+
+
+def changes(old: Any, new: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any, Any]]:
+    """The leaf-level changes from ``old`` to ``new`` as ``(path, old value, new value)``.
+
+    Mappings are compared key by key and equal-length lists item by item; anything else that differs
+    (including lists that grew or shrank) is one change. A missing key has the value :data:`MISSING`.
+    """
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         for key in sorted(set(old) | set(new), key=str):
-            sub = f"{path}.{key}"
-            if key not in old:
-                out.append(f"{sub}: added {to_json(new[key])}")
-            elif key not in new:
-                out.append(f"{sub}: removed (was {to_json(old[key])})")
-            else:
-                _value_diff(sub, old[key], new[key], out)
+            yield from changes(old.get(key, MISSING), new.get(key, MISSING), (*path, key))
     elif isinstance(old, list | tuple) and isinstance(new, list | tuple) and len(old) == len(new):
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
-            _value_diff(f"{path}[{i}]", a, b, out)
-    elif record_hash(old) != record_hash(new):
-        out.append(f"{path}: {to_json(old)} -> {to_json(new)}")
+            yield from changes(a, b, (*path, i))
+    elif old is MISSING or new is MISSING or record_hash(old) != record_hash(new):
+        yield path, old, new
+
+
+def lookup(value: Any, path: tuple[Any, ...]) -> Any:
+    """The value at ``path`` inside ``value``, or :data:`MISSING`."""
+    for step in path:
+        try:
+            value = value[step]
+        except (KeyError, IndexError, TypeError):
+            return MISSING
+    return value
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
 def diff(expected: DBView, actual: DBView) -> list[str]:
@@ -264,6 +281,12 @@ def diff(expected: DBView, actual: DBView) -> list[str]:
                 lines.append(f"{where}: missing (expected {to_json(old[key])})")
             elif key not in old:
                 lines.append(f"{where}: unexpected record {to_json(new[key])}")
-            elif record_hash(old[key]) != record_hash(new[key]):
-                _value_diff(where, old[key], new[key], lines)
+            else:
+                for path, a, b in changes(old[key], new[key]):
+                    if a is MISSING:
+                        lines.append(f"{where}{_path_text(path)}: added {to_json(b)}")
+                    elif b is MISSING:
+                        lines.append(f"{where}{_path_text(path)}: removed (was {to_json(a)})")
+                    else:
+                        lines.append(f"{where}{_path_text(path)}: {to_json(a)} -> {to_json(b)}")
     return lines

@@ -8,9 +8,9 @@ for training, on for evaluation. TCR and violations are reported beside the rewa
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from muarl.db import record_hash
+from muarl.db import MISSING, changes, lookup, record_hash
 from muarl.env import Env
 from muarl.types import Check, Message, Reward, Task, ToolRecord, Trajectory, Violation
 
@@ -42,14 +42,29 @@ def replay(domain: Domain, task: Task, log: list[ToolRecord]) -> Env:
     return env
 
 
-def gold_env(domain: Domain, task: Task) -> tuple[Env, list[list[tuple[str, str]]]]:
-    """The gold final state, and the records each gold action changed (for TCR)."""
-    env = domain.env(task)
-    changed = []
+#: One field a gold action set: (table, key, path inside the record, the value it set).
+Effect = tuple[str, str, tuple, Any]
+
+
+def gold_env(domain: Domain, task: Task) -> tuple[Env, list[list[Effect]]]:
+    """The gold final state, and the fields each gold action set (its effect, checked for TCR).
+
+    Effects are field-level so that two actions touching one record (a refund to a gift card and an
+    address change both live on the user record) are checked independently.
+    """
+    env, lagging = domain.env(task), domain.env(task)
+    effects: list[list[Effect]] = []
     for action in task.gold_actions:
         record = env.run(action)
-        changed.append(record.changed if record.ok else [])
-    return env, changed
+        effects.append([(t, k, path, new) for t, k in record.changed
+                        for path, _, new in changes(_get(lagging, t, k), _get(env, t, k))])
+        lagging.run(action)
+    return env, effects
+
+
+def _get(env: Env, table: str, key: str) -> Any:
+    rows = env.db[table]
+    return rows.get(key, MISSING)
 
 
 def _normalize(text: str) -> str:
@@ -104,13 +119,13 @@ def score(
 ) -> Reward:
     """Grade one episode. ``env`` is the live final state; without it the tool log is replayed."""
     final = env if env is not None else replay(domain, task, trajectory.tool_log)
-    gold, gold_changed = gold_env(domain, task)
+    gold, effects = gold_env(domain, task)
     db_match = final.hash() == gold.hash()
     checks: list[Check] = []
-    for action, keys in zip(task.gold_actions, gold_changed, strict=True):
-        if not keys:
+    for action, effect in zip(task.gold_actions, effects, strict=True):
+        if not effect:
             continue
-        bad = [f"{t}[{k}]" for t, k in keys if _record(final, t, k) != _record(gold, t, k)]
+        bad = sorted({f"{t}[{k}]" for t, k, path, value in effect if not _same(lookup(_get(final, t, k), path), value)})
         checks.append(Check(name=f"effect of {action.name}", passed=not bad,
                             detail=f"differs: {', '.join(bad)}" if bad else ""))
     if not checks:
@@ -132,6 +147,7 @@ def score(
     )
 
 
-def _record(env: Env, table: str, key: str) -> str | None:
-    rows = env.db[table]
-    return record_hash(rows[key]) if key in rows else None
+def _same(a: Any, b: Any) -> bool:
+    if a is MISSING or b is MISSING:
+        return a is b
+    return record_hash(a) == record_hash(b)
