@@ -52,11 +52,14 @@ def _gold_cmd(args: argparse.Namespace) -> int:
             for task in tasks:
                 traj = gold_score(domain, task)
                 assert traj.reward is not None
-                passed += traj.reward.reward == 1.0
+                errors = [f"{r.name}: {r.output}" for r in traj.tool_log if not r.ok]
+                good = traj.reward.reward == 1.0 and not errors
+                passed += good
                 violations += len(traj.reward.violations)
-                if traj.reward.reward != 1.0:
+                if not good:
                     failures.append({"task": task.id, "family": task.family, "diff": traj.reward.diff,
-                                     "checks": [c.model_dump() for c in traj.reward.checks if not c.passed]})
+                                     "failed_actions": errors,
+                                     "checks": [c.name for c in traj.reward.checks if not c.passed]})
             summary.append({"domain": name, "split": split, "tasks": len(tasks), "passed": passed,
                             "violations": violations, "seconds": round(time.perf_counter() - start, 3)})
     ok = all(s["passed"] == s["tasks"] for s in summary)
@@ -72,7 +75,8 @@ def _gold_cmd(args: argparse.Namespace) -> int:
                           str(s["violations"]), str(s["seconds"]))
         console.print(table)
         for f in failures[:20]:
-            console.print(f"[red]FAILED[/red] {f['task']} ({f['family']}): {f['checks']} {f['diff'][:5]}")
+            console.print(f"[red]FAILED[/red] {f['task']} ({f['family']}): failed actions {f['failed_actions']}, "
+                          f"failed checks {f['checks']}, diff {f['diff'][:5]}")
         console.print("[green]all gold trajectories score 1.0[/green]" if ok else
                       f"[red]{len(failures)} task(s) do not score 1.0[/red]")
     return 0 if ok else 1
@@ -85,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_domains_cmd)
     p = sub.add_parser("gold", help="replay every task's gold actions and check they all score 1.0")
-    p.add_argument("domain", help="a domain name, or 'all' for the built-in ones")
+    p.add_argument("domain", help="a domain name, 'all' for the built-in ones, or module:attribute of your own")
     p.add_argument("--split", choices=SPLITS, help="only this split (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON report instead of a table")
     p.set_defaults(func=_gold_cmd)

@@ -1,0 +1,81 @@
+"""The command line as a user runs it: real subprocesses, exit codes, and the README's own example."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def muarl(*args: str, cwd: Path = ROOT, env_path: Path | None = None) -> subprocess.CompletedProcess:
+    env = None
+    if env_path is not None:
+        import os
+
+        env = {**os.environ, "PYTHONPATH": f"{env_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run([sys.executable, "-m", "muarl", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_domains_lists_task_counts_per_split():
+    out = muarl("domains", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert {"retail", "airline", "telecom"} <= set(rows)
+    assert rows["telecom"]["user_tools"] > 0 and rows["retail"]["user_tools"] == 0
+    assert all(rows[d]["test"] > 0 and rows[d]["train"] > 0 for d in ("retail", "airline", "telecom"))
+
+
+def test_gold_all_builtin_domains_pass():
+    out = muarl("gold", "all", "--json")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["failures"] == []
+    assert {s["domain"] for s in report["summary"]} == {"retail", "airline", "telecom"}
+    assert all(s["passed"] == s["tasks"] > 0 for s in report["summary"])
+
+
+def test_gold_fails_loudly_on_an_unsolvable_task(tmp_path):
+    """A domain of our own whose shipped task set holds one broken gold action: exit 1, the task named."""
+    (tmp_path / "broken_domain.py").write_text('''
+from pathlib import Path
+from muarl.domain import get_domain, save_tasks, Domain
+from muarl.types import Action
+
+retail = get_domain("retail")
+tasks = retail.tasks("test")[:3]
+bad = tasks[1].model_copy(deep=True)
+bad.gold_actions.append(Action(name="cancel_pending_order",
+                               arguments={"order_id": "#W0000000", "reason": "no longer needed"}))
+path = Path(__file__).with_name("broken_tasks.json")
+save_tasks([tasks[0], bad, tasks[2]], path)
+DOMAIN = Domain(name="broken", description="", policy="", tools=retail.tools, build_db=retail.build_db,
+                build_tasks=retail.build_tasks, owner_of=retail.owner_of, db_size=retail.db_size, tasks_file=path)
+''')
+    out = muarl("gold", "broken_domain:DOMAIN", "--split", "test", "--json", env_path=tmp_path)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert not report["ok"] and [f["task"] for f in report["failures"]] == [json.loads(
+        (tmp_path / "broken_tasks.json").read_text())["tasks"][1]["id"]]
+    assert "order #W0000000 not found" in report["failures"][0]["failed_actions"][0]
+
+
+def test_unknown_domain_is_a_clear_error():
+    out = muarl("gold", "no_such_domain")
+    assert out.returncode == 2
+    assert "unknown domain 'no_such_domain'" in out.stderr and "retail" in out.stderr
+
+
+def test_readme_custom_domain_example_runs(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- example: custom-domain -->\s*```python\n(.*?)```", readme, re.S)
+    assert match, "README lost its custom-domain example"
+    script = tmp_path / "example.py"
+    script.write_text(match.group(1))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("Error: invalid arguments for borrow: 'book_id'")
+    assert lines[-1] == "1.0"
