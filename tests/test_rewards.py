@@ -137,7 +137,21 @@ def test_each_violation_kind(retail):
     assert orders[stranger]["user_id"] in other.violations[0].detail
 
 
-@pytest.mark.parametrize("text", ["Yes", "yes, please do", "Sure, go ahead.", "I confirm.", "ok do it", "That's right"])
+@pytest.mark.parametrize(("required", "text", "ok"), [
+    ("1234.50", "That comes to $1,234.50.", True),
+    ("1234.50", "That comes to 1234.5 dollars.", True),
+    ("1234", "Your total is 12345.", False),
+    ("1234", "Your total is 1234.00", True),
+    ("delayed", "Flight HAT001 is DELAYED today.", True),
+    ("delayed", "It is not undelayed.", False),
+])
+def test_required_output_matching(required, text, ok):
+    from muarl.rewards import _said
+
+    assert _said(required, text) is ok
+
+
+@pytest.mark.parametrize("text", ["No problem, go ahead.", "Yes", "yes, please do", "Sure, go ahead.", "I confirm.", "ok do it", "That's right"])
 def test_confirmations(text):
     assert is_confirmation(text)
 

@@ -56,6 +56,17 @@ def crash(db, key: str) -> str:
     raise RuntimeError("boom")
 
 
+@tool
+def login_then_fail(db, key: str) -> str:
+    """Authenticate, then fail.
+
+    Args:
+        key: The key.
+    """
+    db.authenticate(key)
+    raise ToolError("wrong password")
+
+
 @tool(actor="user")
 def press_button(db) -> str:
     """A user-side tool."""
@@ -63,7 +74,7 @@ def press_button(db) -> str:
 
 
 def _domain():
-    return Domain(name="toy", description="", policy="", tools=[lookup, bump, crash], user_tools=[press_button],
+    return Domain(name="toy", description="", policy="", tools=[lookup, bump, crash, login_then_fail], user_tools=[press_button],
                   build_db=lambda seed, size: {"items": {f"k{i}": {"count": i} for i in range(size)}},
                   build_tasks=lambda d, seed, counts: [], db_size=3)
 
@@ -127,7 +138,7 @@ def test_docstring_parser_handles_sections():
         ("lookup", ["k1"], "arguments for lookup must be a JSON object, got list"),
         ("lookup", "k1", "must be a JSON object, got str"),
         ("lookup", {"key": "zz"}, "Error: record zz not found"),
-        ("nosuch", {}, "Error: unknown tool 'nosuch'. Available tools: bump, crash, lookup"),
+        ("nosuch", {}, "Error: unknown tool 'nosuch'. Available tools: bump, crash, login_then_fail, lookup"),
         ("press_button", {}, "press_button is a tool of the user"),
         ("crash", {"key": "k1"}, "Error: tool crash failed internally: RuntimeError: boom"),
     ],
@@ -158,6 +169,12 @@ def test_failed_write_leaves_no_partial_change():
     assert ok.ok and ok.changed == [("items", "k1")] and env.db.items["k1"]["count"] == 6
     assert not env.call("bump", {"key": "k1", "by": -2}).ok  # rollback restores the earlier edit, not the base
     assert env.db.items["k1"]["count"] == 6
+
+
+def test_a_failed_call_does_not_authenticate():
+    env = _domain().env()
+    assert not env.call("login_then_fail", {"key": "k1"}).ok
+    assert env.db.authenticated is None
 
 
 def test_calculate():

@@ -60,17 +60,20 @@ class Env:
             self.log.append(record)
             return record
         record.kind, record.terminal = tool.spec.kind, tool.terminal
+        authenticated = self.db.authenticated
         self.db.begin()
         try:
             outcome = tool.run(self.db, args)
         except Exception as err:  # a bug in a tool must not crash an episode; it is logged loudly
             log.warning("tool %s raised %s\n%s", name, err, traceback.format_exc())
             self.db.rollback()
+            self.db.authenticated = authenticated
             record.ok, record.output = False, f"Error: tool {name} failed internally: {type(err).__name__}: {err}"
             self.log.append(record)
             return record
-        if not outcome.ok:
+        if not outcome.ok:  # a failed call changes nothing, not even who is authenticated
             self.db.rollback()
+            self.db.authenticated = authenticated
         else:
             record.changed = self.db.commit()
             owners = {self.domain.owner_of(t, self.db[t][k]) for t, k in record.changed if k in self.db[t]}

@@ -77,7 +77,6 @@ def generate(
         pools[user_split(uid)].append(uid)
     names = sorted(families)
     weights = [families[n][0] for n in names]
-    base_view = domain.database().view()
     tasks: list[Task] = []
     for split in SPLITS:
         n = counts.get(split, 0)
@@ -98,7 +97,8 @@ def generate(
             draft = None
             for _ in range(max_tries):
                 user = rng.choice(pools[split])
-                candidate = families[family][1](rng, base_view, user)
+                # a fresh view per draft: a family that writes while exploring cannot leak into the next one
+                candidate = families[family][1](rng, domain.database().view(), user)
                 if candidate is None:
                     continue
                 key = _signature(family, user, candidate)
@@ -141,5 +141,7 @@ def verify_gold(domain: Domain, task: Task) -> None:
 
 
 def _signature(family: str, user: str, draft: Draft) -> str:
-    payload = [family, user, [a.model_dump() for a in draft.gold_actions], draft.scenario.model_dump()]
+    """What makes a task instance distinct: who, what they want, and the expected outcome (not the persona)."""
+    intents = [i.model_dump(exclude={"description"}) for i in draft.scenario.intents]
+    payload = [family, user, [a.model_dump() for a in draft.gold_actions], draft.required_outputs, intents]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -256,6 +256,11 @@ def _reservation(rng: random.Random, net: _Network, user: dict[str, Any], rid: s
     total = sum(s["price"] for s in segments) * n + (INSURANCE_FEE * n if insurance == "yes" else 0) + BAG_FEE * nonfree
     methods = [m for m in user["payment_methods"].values() if m["source"] != "certificate"]
     pay = rng.choice(methods)
+    history = [{"transaction_type": "payment", "payment_id": pay["id"], "amount": float(total)}]
+    status = "active"
+    if rng.random() < 0.05:  # a few reservations the user already cancelled, refund included
+        status = "cancelled"
+        history.append({"transaction_type": "refund", "payment_id": pay["id"], "amount": float(total)})
     return {
         "reservation_id": rid,
         "user_id": user["user_id"],
@@ -265,12 +270,12 @@ def _reservation(rng: random.Random, net: _Network, user: dict[str, Any], rid: s
         "cabin": cabin,
         "flights": segments,
         "passengers": passengers,
-        "payment_history": [{"transaction_type": "payment", "payment_id": pay["id"], "amount": float(total)}],
+        "payment_history": history,
         "created_at": _created_at(rng, dates[0]),
         "total_baggages": total_bags,
         "nonfree_baggages": nonfree,
         "insurance": insurance,
-        "status": "active",
+        "status": status,
     }
 
 

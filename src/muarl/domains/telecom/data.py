@@ -24,7 +24,7 @@ PLANS: dict[str, dict[str, Any]] = {
                    "refuel_price_per_gb": 4.5},
     "P-PLUS-20": {"name": "Plus 20", "data_gb": 20.0, "price": 45.0, "roaming_allowed": True,
                   "refuel_price_per_gb": 4.0},
-    "P-TRAVEL-15": {"name": "Travel 15", "data_gb": 15.0, "price": 50.0, "roaming_allowed": True,
+    "P-TRAVEL-15": {"name": "Travel 15", "data_gb": 15.0, "price": 40.0, "roaming_allowed": True,
                     "refuel_price_per_gb": 3.5},
     "P-FAMILY-30": {"name": "Family 30", "data_gb": 30.0, "price": 60.0, "roaming_allowed": True,
                     "refuel_price_per_gb": 3.0},
@@ -92,7 +92,8 @@ def _healthy_device(rng: random.Random, customer_id: str, line_id: str, phone: s
         "network_mode_preference": "4g_5g_preferred",
         "abroad": False,
         "signal_strength": rng.choice([2, 3, 3, 4, 4]),
-        "needs_reboot": False,
+        # the APN the modem runs with; a changed APN setting only reaches it at the next restart
+        "apn_in_use": "ok",
     }
 
 
@@ -105,8 +106,9 @@ def _plant(rng: random.Random, fault: str | None, line: dict[str, Any], device: 
         device["mobile_data_enabled"] = False
     elif fault == "apn":
         device["apn_settings"] = "broken"
-    elif fault == "reboot":
-        device["needs_reboot"] = True
+        device["apn_in_use"] = "broken"
+    elif fault == "reboot":  # the APN was reset but the phone not restarted since
+        device["apn_in_use"] = "broken"
     elif fault == "network_2g":
         device["network_mode_preference"] = "2g_only"
     elif fault == "network_3g":
