@@ -89,3 +89,14 @@ def test_a_database_too_small_fails_loudly_instead_of_shipping_fewer_tasks():
     assert len(generate(retail, 0, {"train": 3}, {"one": (1.0, only_one)}, users)) == 3
     with pytest.raises(GenerationError, match="every family ran out of distinct tasks in split 'train' after"):
         generate(retail, 0, {"train": 200}, {"one": (1.0, only_one)}, users)
+
+
+def test_a_bigger_database_yields_more_distinct_tasks():
+    telecom = get_domain("telecom")
+    big = telecom.with_database(size=600)
+    assert big.database() is not telecom.database() and big.tasks_file is None
+    assert len(big.database().tables["customers"]) == 600 and len(telecom.database().tables["customers"]) == 200
+    tasks = big.generate_tasks(seed=3, counts={"train": 3000, "dev": 0, "test": 0})
+    assert len(tasks) == 3000
+    for task in tasks[::100]:
+        assert gold_score(big, task).reward.reward == 1.0

@@ -48,10 +48,21 @@ def to_json(value: Any, **kwargs: Any) -> str:
     return json.dumps(value, default=_json_default, **kwargs)
 
 
+def _canonical(record: Any) -> str:
+    return json.dumps(record, default=_json_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def record_hash(record: Any) -> str:
     """Canonical hash of one record: independent of key order, sensitive to every value."""
-    text = json.dumps(record, default=_json_default, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(_canonical(record).encode()).hexdigest()
+
+
+_MOD = 2**256
+
+
+def _entry_digest(table: str, key: str, record: Any) -> int:
+    """One (table, key, record) entry as a 256-bit integer; a database hashes to the sum of its entries."""
+    return int.from_bytes(hashlib.sha256(f"{table}\x00{key}\x00{_canonical(record)}".encode()).digest(), "big")
 
 
 class Database:
@@ -64,14 +75,22 @@ class Database:
         self.tables: dict[str, Mapping[str, Any]] = {
             name: MappingProxyType({str(k): freeze(v) for k, v in rows.items()}) for name, rows in tables.items()
         }
-        self._hashes: dict[tuple[str, str], str] = {}
+        self._digests: dict[tuple[str, str], int] = {}
+        self._sum: int | None = None
 
-    def base_hash(self, table: str, key: str) -> str:
-        """Hash of a base record, computed once and cached (base records never change)."""
-        cached = self._hashes.get((table, key))
+    def entry_digest(self, table: str, key: str) -> int:
+        """Digest of a base entry, computed once and cached (base records never change)."""
+        cached = self._digests.get((table, key))
         if cached is None:
-            cached = self._hashes[(table, key)] = record_hash(self.tables[table][key])
+            cached = self._digests[(table, key)] = _entry_digest(table, key, self.tables[table][key])
         return cached
+
+    def digest_sum(self) -> int:
+        """The sum of every base entry's digest (computed on first use, once per process)."""
+        if self._sum is None:
+            names = _entry_digest("", "", sorted(self.tables))  # an empty table still counts
+            self._sum = (names + sum(self.entry_digest(t, k) for t, rows in self.tables.items() for k in rows)) % _MOD
+        return self._sum
 
     def view(self, context: Mapping[str, Any] | None = None) -> DBView:
         """A fresh private copy-on-write view for one rollout."""
@@ -193,29 +212,22 @@ class DBView:
         self._journal = None
 
     # -- identity -----------------------------------------------------------------------------------
-    def record_hashes(self, table: str) -> dict[str, str]:
-        """Key -> record hash for one table, reusing the base's cached hashes for untouched records."""
-        overlay = self._overlay.get(table, {})
-        out: dict[str, str] = {}
-        for key in self.base.tables[table]:
-            value = overlay.get(key)
-            if value is None:
-                out[key] = self.base.base_hash(table, key)
-            elif value is not _DELETED:
-                out[key] = record_hash(value)
-        for key, value in overlay.items():
-            if key not in self.base.tables[table] and value is not _DELETED:
-                out[key] = record_hash(value)
-        return out
-
     def hash(self) -> str:
-        """Canonical hash of the whole database: equal iff every table holds equal records."""
-        digest = hashlib.sha256()
-        for table in sorted(self.base.tables):
-            digest.update(f"\x00table:{table}\x00".encode())
-            for key, value in sorted(self.record_hashes(table).items()):
-                digest.update(f"{key}\x01{value}\x02".encode())
-        return digest.hexdigest()
+        """Canonical hash of the whole database: equal iff every table holds equal records.
+
+        The hash is the sum (mod 2**256) of one SHA-256 digest per (table, key, record) entry, so it
+        does not depend on any ordering, and a view computes it from the base's cached sum by swapping
+        in only the entries it touched: O(edits), not O(database), which matters once per episode.
+        """
+        total = self.base.digest_sum()
+        for table, rows in self._overlay.items():
+            base_rows = self.base.tables[table]
+            for key, value in rows.items():
+                if key in base_rows:
+                    total -= self.base.entry_digest(table, key)
+                if value is not _DELETED:
+                    total += _entry_digest(table, key, value)
+        return f"{total % _MOD:064x}"
 
     def changed_keys(self) -> dict[str, set[str]]:
         """Records this view may differ from its base on (every record it touched)."""

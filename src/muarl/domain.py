@@ -7,6 +7,7 @@ domain of your own is a peer of ``retail``: build a :class:`Domain` and :func:`r
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from collections.abc import Callable, Iterable, Mapping
@@ -65,6 +66,15 @@ class Domain:
         if self._db is None:
             self._db = Database(self.build_db(self.db_seed, self.db_size))
         return self._db
+
+    def with_database(self, seed: int | None = None, size: int | None = None) -> Domain:
+        """The same domain over another generated database (say, a bigger one to draw 100k tasks from).
+
+        Its tasks come from :meth:`generate_tasks`, never from the shipped file, which belongs to the
+        default database.
+        """
+        return dataclasses.replace(self, db_seed=self.db_seed if seed is None else seed,
+                                   db_size=self.db_size if size is None else size, tasks_file=None)
 
     def env(self, task: Task | None = None, **context: Any) -> Env:
         """A fresh rollout environment (cheap: no data is copied or parsed)."""
