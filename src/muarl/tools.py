@@ -32,6 +32,8 @@ class ToolError(Exception):
 class ToolOutcome:
     ok: bool
     output: str
+    #: why it failed: "invalid_arguments" (the caller's fault) or "domain" (a refusal by the domain)
+    error: str | None = None
 
 
 @dataclass
@@ -67,9 +69,12 @@ class Tool:
         """Validate, execute and render the result; domain errors become ``Error: ...`` text."""
         try:
             kwargs = self.validate(arguments)
+        except ToolError as err:
+            return ToolOutcome(False, f"Error: {err}", "invalid_arguments")
+        try:
             result = self.fn(db, **kwargs)
         except ToolError as err:
-            return ToolOutcome(False, f"Error: {err}")
+            return ToolOutcome(False, f"Error: {err}", "domain")
         return ToolOutcome(True, render(result))
 
     def __call__(self, db: DBView, **kwargs: Any) -> Any:

@@ -127,6 +127,7 @@ class ToolRecord(_Model):
     kind: Literal["read", "write", "unknown"] = "read"
     ok: bool = True
     output: str = ""
+    error: Literal["unknown_tool", "invalid_arguments", "domain", "internal"] | None = None
     changed: list[tuple[str, str]] = Field(default_factory=list)
     owners: list[str] = Field(default_factory=list)
     authenticated: str | None = None

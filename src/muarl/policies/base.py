@@ -46,8 +46,10 @@ class PolicySession(ABC):
         """The agent's next turn, given the messages added since the last call (the first call gets the
         system prompt and the user's opening message)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook: free caches
-        """Release per-episode resources (KV cache). Called once when the episode ends."""
+    def close(self) -> dict[str, Any]:
+        """Release per-episode resources (a KV cache). Called once when the episode ends; what it returns
+        goes into the trajectory's metadata (e.g. the token backend's drift check)."""
+        return {}
 
 
 class Policy(ABC):

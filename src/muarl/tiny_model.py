@@ -1,0 +1,157 @@
+"""The embedded model: a tiny Qwen3-architecture causal LM with a BPE tokenizer trained on our domains.
+
+Nothing can be downloaded at run time, yet the whole pipeline must run on a laptop CPU and in CI. So
+muarl builds its own model: the transformers ``Qwen3ForCausalLM`` class (random init, a few hundred
+thousand parameters by default), a byte-level BPE tokenizer trained with ``tokenizers`` on the built-in
+domains' policies, tool schemas and task texts, and a Qwen-style chat template with tool support
+(``<tool_call>{json}</tool_call>``). It is saved as an ordinary HF checkpoint, so every other code path
+treats it exactly like SmolLM2 or a real Qwen3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+                  "<tool_response>", "</tool_response>"]
+
+#: A Qwen-style template with tools, written for muarl. Tool schemas go into the system turn; an
+#: assistant turn renders its text, then one <tool_call> block per call; consecutive tool results are
+#: grouped into one user turn of <tool_response> blocks.
+CHAT_TEMPLATE = r"""
+{%- set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' -%}
+{%- if tools -%}
+<|im_start|>system
+{% if sys %}{{ sys }}
+
+{% endif %}# Tools
+
+You may call one or more functions. Their signatures are inside <tools></tools>:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+To call a function, write a JSON object with its name and arguments inside <tool_call></tool_call> tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif sys -%}
+<|im_start|>system
+{{ sys }}<|im_end|>
+{% endif -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'system' and loop.first -%}
+{%- elif message['role'] == 'assistant' -%}
+<|im_start|>assistant
+{{ message['content'] or '' }}
+{%- for call in message.get('tool_calls') or [] -%}
+{%- set fn = call['function'] if 'function' in call else call -%}
+{{ '\n' if (message['content'] or not loop.first) else '' }}<tool_call>
+{"name": "{{ fn['name'] }}", "arguments": {{ fn['arguments'] | tojson if fn['arguments'] is mapping else fn['arguments'] }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message['role'] == 'tool' -%}
+{%- if loop.first or loop.previtem['role'] != 'tool' %}<|im_start|>user
+{% endif -%}
+<tool_response>
+{{ message['content'] }}
+</tool_response>
+{% if loop.last or loop.nextitem['role'] != 'tool' %}<|im_end|>
+{% endif -%}
+{%- else -%}
+<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}
+""".strip()
+
+
+@dataclass
+class TinyConfig:
+    """Size of the embedded model. The defaults run a GRPO step in seconds on two CPU cores."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    max_position_embeddings: int = 8192
+    seed: int = 0
+
+
+def _corpus() -> list[str]:
+    """Text the tokenizer learns from: every built-in domain's policy, tool schemas and task texts."""
+    from muarl.domain import get_domain
+    from muarl.gold import gold_trajectory
+
+    texts: list[str] = []
+    for name in ("retail", "airline", "telecom"):
+        domain = get_domain(name)
+        texts.append(domain.policy)
+        texts += [json.dumps(t.spec.openai_schema()) for t in domain.tools + domain.user_tools]
+        for task in domain.tasks("train"):
+            texts.append(task.instruction)
+            texts.append(json.dumps(task.scenario.known))
+            trajectory, _ = gold_trajectory(domain, task)
+            for m in trajectory.messages[2:]:
+                texts.append(m.content)
+                texts += [json.dumps({"name": c.name, "arguments": c.arguments}) for c in m.tool_calls]
+    return texts
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer (any text encodes; nothing is ever unknown) with our chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build(out: str | Path, config: TinyConfig | None = None) -> Path:
+    """Build and save the embedded model (tokenizer + random-init Qwen3) as an HF checkpoint at ``out``."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = config or TinyConfig()
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or choose another --out")
+    tokenizer = train_tokenizer(config.vocab_size)
+    torch.manual_seed(config.seed)
+    model_config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(model_config)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(out)  # atomic: a half-written checkpoint is never picked up
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").exists():
+            raise
+    return out
