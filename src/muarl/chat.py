@@ -181,7 +181,8 @@ class ChatFormat:
 
     def drifted(self, token_ids: list[int], messages: list[Message]) -> bool:
         """Whether a full re-render of ``messages`` tokenizes differently from the ids actually used."""
-        full = self.encode(self.render(messages))
+        open_turn = bool(messages) and messages[-1].role != "assistant"
+        full = self.encode(self.render(messages, add_generation_prompt=open_turn))
         return full[: len(token_ids)] != token_ids
 
     # -- parsing ------------------------------------------------------------------------------------

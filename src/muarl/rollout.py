@@ -68,7 +68,10 @@ async def _play(
     """The conversation itself; returns (stop reason, simulator fault or None). Fills ``traj``."""
 
     async def act(name: str, arguments: dict) -> str:
-        return env.call(name, arguments, actor="user").output
+        # the id names the user message this action precedes (its index among user messages), so a replay
+        # can re-attach user actions to their turn even when no agent call separates two user turns
+        turn = sum(m.role == "user" for m in traj.messages)
+        return env.call(name, arguments, actor="user", call_id=f"user_t{turn}_{len(env.log)}").output
 
     try:
         opening = await user.start()
@@ -111,6 +114,9 @@ async def _play(
             except SimulatorFault as err:
                 return "sim_fault", str(err)
             traj.turns += 1
+            for key, value in reply.metadata.items():  # simulator counters (retries ...) per episode
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    traj.metadata[f"user_{key}"] = traj.metadata.get(f"user_{key}", 0) + value
             new.append(Message(role="user", content=reply.text))
             if reply.stop is not None:
                 reason = f"user_{reply.stop}"

@@ -155,3 +155,19 @@ def build(out: str | Path, config: TinyConfig | None = None) -> Path:
         if not (out / "config.json").exists():
             raise
     return out
+
+
+def bias_end_of_turn(model: Any, tokenizer: Any, bias: float) -> Any:
+    """Add ``bias`` to the end-of-turn logit of every forward pass (returns the hook handle).
+
+    A randomly initialised model almost never ends its turn, so every episode would stop at the
+    per-turn token limit. Benchmarks and tests that need realistic multi-turn episodes from an untrained
+    model use this to make turns end after a few dozen tokens. ``handle.remove()`` undoes it.
+    """
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def hook(module: Any, inputs: Any, output: Any) -> Any:
+        output[..., stop] += bias
+        return output
+
+    return model.get_output_embeddings().register_forward_hook(hook)

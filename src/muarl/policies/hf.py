@@ -3,7 +3,8 @@
 Every episode waiting for the agent joins one running decode batch at the next token step (it does not
 wait for the batch to drain), and leaves it when it stops. Each episode keeps its own KV cache between
 turns, so a new turn prefills only the tokens appended since the last one: every token of a
-conversation goes through the model once. The model runs in a worker thread so the event loop keeps
+conversation goes through the model at most once. The opening prompt's shared prefix (the system turn
+with policy and tool schemas, identical for every episode of a domain) is computed once and shared. The model runs in a worker thread so the event loop keeps
 serving users and tools (an LLM user's HTTP call overlaps with other episodes' decoding).
 
 Caches of different lengths are batched by left-padding them to a common length, with a 2-D attention
@@ -82,7 +83,11 @@ class BatchedGenerator:
         self.wakeup: asyncio.Event | None = None
         self.runner: asyncio.Task | None = None
         self.tokens_computed = 0  # positions run through the model (prefill + decode)
+        self.tokens_reused = 0  # positions whose KV came from a shared prompt prefix instead
         self.decode_steps = 0
+        #: KV of recent opening prompts, most recent first: every episode of a domain opens with the same
+        #: system turn (policy + tool schemas), often most of its prompt, so it is computed once
+        self.prefixes: list[tuple[list[int], KV]] = []
 
     async def generate(self, seq: _Sequence, new_ids: list[int], max_new: int) -> tuple[list[int], list[float], str]:
         """Append ``new_ids`` to the sequence and sample up to ``max_new`` tokens (stops at end of turn)."""
@@ -126,33 +131,59 @@ class BatchedGenerator:
         """Prefill each request's new tokens on its own cache, sample its first token, join the batch."""
         from transformers import DynamicCache
 
+        joining: list[tuple[_Row, KV]] = []
         for req in requests:
             seq = req.seq
+            opening = seq.cache is None
             seq.ids.extend(req.new_ids)
+            if opening:
+                self._reuse_prefix(seq)
             start = seq.cached
             inputs = torch.tensor([seq.ids[start:]], device=self.device)
             cache = DynamicCache(ddp_cache_data=seq.cache, config=self.model.config) if seq.cache else \
                 DynamicCache(config=self.model.config)
             positions = torch.arange(start, len(seq.ids), device=self.device).unsqueeze(0)
-            out = self.model(input_ids=inputs, past_key_values=cache, position_ids=positions, use_cache=True)
+            out = self.model(input_ids=inputs, past_key_values=cache, position_ids=positions, use_cache=True,
+                             logits_to_keep=1)
             self.tokens_computed += inputs.shape[1]
             kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            if opening:
+                self._remember_prefix(list(seq.ids), kv)
             seq.cache = None
             row = _Row(seq=seq, future=req.future, max_new=req.max_new, pending=-1)
             token, logprob = self._sample(out.logits[:, -1, :], [seq.generator])
             self._accept(row, token[0], logprob[0])
-            self._join(row, kv)
+            joining.append((row, kv))
+        self._join(joining)
 
-    def _join(self, row: _Row, kv: KV) -> None:
-        length = int(kv[0][0].shape[2])
-        if self.batch is None:
-            self.batch, self.lengths, self.rows = kv, [length], [row]
-            return
-        width = max(length, int(self.batch[0][0].shape[2]))
-        self.batch = [(torch.cat([_pad(bk, width), _pad(k, width)]), torch.cat([_pad(bv, width), _pad(v, width)]))
-                      for (bk, bv), (k, v) in zip(self.batch, kv, strict=True)]
-        self.rows.append(row)
-        self.lengths.append(length)
+    def _reuse_prefix(self, seq: _Sequence, minimum: int = 32) -> None:
+        """Start a new sequence's cache from the longest stored prompt prefix it shares (if long enough).
+
+        Cache tensors are never written in place (a cache update concatenates into new tensors), so
+        sequences can share one prefix's tensors safely.
+        """
+        best, best_kv = 0, None
+        for tokens, kv in self.prefixes:
+            n = _common_prefix(tokens, seq.ids)
+            if n > best:
+                best, best_kv = n, kv
+        best = min(best, len(seq.ids) - 1)  # at least one token must be computed to get logits
+        if best >= minimum and best_kv is not None:
+            seq.cache = [(k[:, :, :best], v[:, :, :best]) for k, v in best_kv]
+            self.tokens_reused += best
+
+    def _remember_prefix(self, tokens: list[int], kv: KV, keep: int = 4) -> None:
+        self.prefixes = [(tokens, kv)] + [(t, c) for t, c in self.prefixes if t[: len(tokens)] != tokens][: keep - 1]
+
+    def _join(self, joining: list[tuple[_Row, KV]]) -> None:
+        """Add rows to the batch with one concatenation per layer (not one per row)."""
+        parts = ([] if self.batch is None else [self.batch]) + [kv for _, kv in joining]
+        width = max(int(kv[0][0].shape[2]) for kv in parts)
+        self.batch = [(torch.cat([_pad(kv[layer][0], width) for kv in parts]),
+                       torch.cat([_pad(kv[layer][1], width) for kv in parts]))
+                      for layer in range(len(parts[0]))]
+        self.rows += [row for row, _ in joining]
+        self.lengths += [int(kv[0][0].shape[2]) for _, kv in joining]
 
     @torch.no_grad()
     def _decode_step(self) -> None:
@@ -232,6 +263,14 @@ class BatchedGenerator:
                       for k, v in self.batch]
         self.rows = [self.rows[i] for i in keep]
         self.lengths = lengths
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""Rollout throughput of the episode engine against a naive loop, measured in the same run.
+
+    python benchmarks/rollout_throughput.py [--episodes 64] [--baseline-episodes 16] [--latency-ms 200]
+
+Engine: HFPolicy (dynamic batching across episodes, per-episode KV cache kept between turns) running
+``--episodes`` episodes concurrently on one event loop. Baseline: the loop most stacks start from: one
+episode at a time, and every agent turn re-renders and re-prefills the whole conversation
+(``model.generate`` on the full prompt). Both use the embedded tiny model with the same sampling
+settings, an end-of-turn bias so an untrained model ends turns after a few dozen tokens, and a user that
+answers every message and stops after ``--user-turns`` replies. The third run adds ``--latency-ms`` of
+user latency to every user reply (what an LLM user over HTTP costs) to show it overlaps with decoding.
+
+Targets (issue 3): engine >= 8x the baseline in episodes/s; tokens computed / tokens in trajectories
+<= 1.1; with 200 ms user latency, wall time <= 1.3x the run without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import torch
+
+from muarl.chat import ChatFormat
+from muarl.domain import Domain, get_domain
+from muarl.policies.base import AgentTurn, Policy, PolicySession
+from muarl.policies.hf import HFPolicy
+from muarl.rollout import EpisodeConfig, RolloutEngine
+from muarl.tiny_model import bias_end_of_turn
+from muarl.types import Message, Task
+from muarl.users.base import UserReply, UserSession, UserSimulator
+
+
+class PlainUser(UserSimulator):
+    """Answers every agent message after ``latency`` seconds; stops after ``turns`` replies."""
+
+    def __init__(self, turns: int, latency: float = 0.0):
+        self.turns, self.latency = turns, latency
+
+    def session(self, task: Task, seed: int) -> UserSession:
+        return _PlainSession(task, self.turns, self.latency)
+
+
+class _PlainSession(UserSession):
+    def __init__(self, task: Task, turns: int, latency: float):
+        self.task, self.turns, self.latency, self.n = task, turns, latency, 0
+
+    async def start(self) -> UserReply:
+        return UserReply(self.task.instruction)
+
+    async def reply(self, agent_text: str, act: Any) -> UserReply:
+        await asyncio.sleep(self.latency)
+        self.n += 1
+        return UserReply(f"Thanks. Reply number {self.n}.", stop="stop" if self.n >= self.turns else None)
+
+
+class NaivePolicy(Policy):
+    """Baseline: re-render and re-prefill the whole conversation every turn, one episode at a time."""
+
+    def __init__(self, model: Any, tokenizer: Any, temperature: float, max_new_tokens: int):
+        self.model, self.tokenizer = model, tokenizer
+        self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.tokens_computed = 0
+
+    def session(self, domain: Domain, task: Task) -> PolicySession:
+        return _NaiveSession(self, ChatFormat(self.tokenizer, [t.spec for t in domain.tools]))
+
+
+class _NaiveSession(PolicySession):
+    def __init__(self, policy: NaivePolicy, chat: ChatFormat):
+        self.policy, self.chat, self.messages, self.seen = policy, chat, [], 0
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        self.messages += new_messages
+        prompt = self.chat.encode(self.chat.render(self.messages, add_generation_prompt=True))
+        p = self.policy
+        with torch.no_grad():
+            out = p.model.generate(torch.tensor([prompt]), max_new_tokens=p.max_new_tokens, do_sample=True,
+                                   temperature=p.temperature, top_p=1.0, top_k=0, eos_token_id=sorted(self.chat.stop_ids),
+                                   pad_token_id=p.tokenizer.pad_token_id)
+        sampled = out[0, len(prompt):].tolist()
+        p.tokens_computed += len(prompt) + len(sampled)
+        parsed = self.chat.parse(sampled)
+        message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+        self.messages.append(message)
+        finish = "stop" if sampled and sampled[-1] in self.chat.stop_ids else "length"
+        delta, self.seen = prompt[self.seen:], len(prompt) + len(sampled)  # the trajectory stays append-only
+        return AgentTurn(message=message, token_ids=sampled, logprobs=[0.0] * len(sampled), prompt_ids=delta,
+                         parse_errors=parsed.errors, finish=finish)
+
+
+def run(policy: Policy, domain: Domain, tasks: list[Task], group: int, user: UserSimulator,
+        concurrency: int) -> tuple[float, list]:
+    engine = RolloutEngine(domain, policy, user, EpisodeConfig(), group_size=group, concurrency=concurrency,
+                           progress=False)
+    start = time.perf_counter()
+    groups = asyncio.run(engine.run(tasks))
+    return time.perf_counter() - start, [t for g in groups for t in g]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--domain", default="retail")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--baseline-episodes", type=int, default=16)
+    parser.add_argument("--user-turns", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--stop-bias", type=float, default=5.0)
+    parser.add_argument("--latency-ms", type=float, default=200.0)
+    args = parser.parse_args()
+    domain = get_domain(args.domain)
+    tasks = domain.tasks("test")[: args.episodes // args.group]
+    base_tasks = domain.tasks("test")[: max(1, args.baseline_episodes // args.group)]
+
+    policy = HFPolicy(args.model, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+    bias_end_of_turn(policy.model, policy.tokenizer, args.stop_bias)
+    rows = []
+    for label, latency in (("engine", 0.0), (f"engine + {args.latency_ms:.0f} ms user latency", args.latency_ms / 1e3)):
+        before = policy.engine.tokens_computed
+        wall, trajs = run(policy, domain, tasks, args.group, PlainUser(args.user_turns, latency), args.episodes)
+        rows.append((label, wall, trajs, policy.engine.tokens_computed - before))
+    naive = NaivePolicy(policy.model, policy.tokenizer, 1.0, args.max_new_tokens)
+    wall, trajs = run(naive, domain, base_tasks, args.group, PlainUser(args.user_turns), 1)
+    rows.append(("naive baseline (1 at a time, re-prefill)", wall, trajs, naive.tokens_computed))
+
+    print(f"{args.model} model on {args.domain}, {torch.get_num_threads()} torch threads")
+    print(f"{'run':44} {'episodes':>8} {'wall s':>8} {'ep/s':>7} {'agent tok/s':>11} {'computed/in traj':>16}")
+    for label, wall, trajs, computed in rows:
+        sampled = sum(sum(t.loss_mask) for t in trajs)
+        in_traj = sum(len(t.token_ids) for t in trajs)
+        print(f"{label:44} {len(trajs):8d} {wall:8.2f} {len(trajs) / wall:7.2f} {sampled / wall:11.1f} "
+              f"{computed / in_traj:16.3f}")
+    engine_rate = len(rows[0][2]) / rows[0][1]
+    naive_rate = len(rows[2][2]) / rows[2][1]
+    print(f"engine / baseline episodes per second: {engine_rate / naive_rate:.1f}x (target >= 8x)")
+    print(f"wall with user latency / without: {rows[1][1] / rows[0][1]:.2f} (target <= 1.3)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""LLMUser, ReplayUser, OpenAIPolicy and muarl.serve against real HTTP servers in real subprocesses.
+
+Two servers: ``python -m muarl.serve --model smollm2`` (a real model, greedy, short replies) and
+``tests/fault_server.py`` (scripted replies and failures: 500s, 429, timeouts, a non-JSON body), so the
+client's real timeout, retry and parsing paths run, not mocks of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import select
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from muarl.domain import Domain, get_domain
+from muarl.endpoint import EndpointError
+from muarl.policies.base import AgentTurn, Policy, PolicySession
+from muarl.policies.openai import OpenAIPolicy
+from muarl.rollout import EpisodeConfig, run_episode
+from muarl.serve import parse_tool_calls
+from muarl.types import Message, Task, ToolCall, Trajectory
+from muarl.users.base import SimulatorFault
+from muarl.users.llm import AGENT_GREETING, LLMUser, parse_stop
+from muarl.users.replay import ReplayUser, user_turns
+
+TESTS = Path(__file__).parent
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+def start_process(cmd: list[str], log: Path, timeout: float) -> tuple[subprocess.Popen, str]:
+    """Start a server process and wait for its ``ready URL`` line (stderr goes to ``log``)."""
+    err = log.open("w")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=TESTS.parent)
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("ready "):
+                return proc, line.split()[1]
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError(f"{' '.join(cmd)} did not become ready:\n{log.read_text()[-2000:]}")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class FaultServer:
+    """Client side of tests/fault_server.py: set the script, read back what was sent."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.url = root + "/v1"
+
+    def script(self, *actions: dict[str, Any], default: dict[str, Any] | None = None) -> None:
+        body = json.dumps({"actions": list(actions), "default": default or {"content": "OK"}}).encode()
+        req = urllib.request.Request(self.root + "/_script", body, {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).read()
+
+    def requests(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.root + "/_requests", timeout=5) as resp:
+            return json.loads(resp.read())["requests"]
+
+
+class StepPolicy(Policy):
+    """A fixed agent: each step is a sentence for the user or a tool call; then it says goodbye forever."""
+
+    name = "steps"
+
+    def __init__(self, steps: list[str | ToolCall]):
+        self.steps = steps
+
+    def session(self, domain: Domain, task: Task) -> PolicySession:
+        return StepSession(list(self.steps))
+
+
+class StepSession(PolicySession):
+    def __init__(self, steps: list[str | ToolCall]):
+        self.steps = steps
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        step = self.steps.pop(0) if self.steps else "Thank you for contacting us. Goodbye!"
+        if isinstance(step, ToolCall):
+            return AgentTurn(Message(role="assistant", tool_calls=[step]))
+        return AgentTurn(Message(role="assistant", content=step))
+
+
+def episode(domain: Domain, task: Task, policy: Policy, user: Any, seed: int = 0, max_turns: int = 10) -> Trajectory:
+    return asyncio.run(run_episode(domain, task, policy, user, seed=seed, config=EpisodeConfig(max_turns=max_turns)))
+
+
+def fast_user(fault: FaultServer, **kw: Any) -> LLMUser:
+    opts: dict[str, Any] = {"timeout": 2.0, "max_retries": 3, "backoff": 0.01}
+    opts.update(kw)
+    return LLMUser(fault.url, "fault", **opts)
+
+
+# -- fixtures -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultServer]:
+    log = tmp_path_factory.mktemp("fault") / "stderr.log"
+    proc, root = start_process([sys.executable, str(TESTS / "fault_server.py"), "--port", "0"], log, 30)
+    try:
+        yield FaultServer(root)
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    tmp = tmp_path_factory.mktemp("serve")
+    requests = tmp / "requests.jsonl"
+    cmd = [sys.executable, "-m", "muarl.serve", "--model", "smollm2", "--host", "127.0.0.1", "--port", "0",
+           "--device", "cpu", "--threads", "1", "--log-requests", str(requests)]
+    proc, url = start_process(cmd, tmp / "stderr.log", 180)
+    try:
+        yield url, requests
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def telecom() -> Domain:
+    return get_domain("telecom")
+
+
+# -- (a) a real model behind muarl.serve ----------------------------------------------------------------
+@pytest.mark.slow
+def test_llm_user_episodes_against_smollm2(smol: tuple[str, Path], retail: Domain) -> None:
+    url, log = smol
+    task = retail.tasks("test")[1]
+    secret_call = ToolCall(id="call_secret_42", name="get_user_details", arguments={"user_id": task.user_id})
+    policy = StepPolicy([secret_call, "Hello! Could you tell me your email address so I can find your account?"])
+    user = LLMUser(url, "smollm2", max_tokens=48, timeout=120, max_retries=1)
+    log.write_text("")
+    # per episode: the opening, the agent's silent lookup, one reply to the agent's question (turn limit 2)
+    trajs = [episode(retail, task, policy, user, seed=seed, max_turns=2) for seed in (0, 1)]
+    bodies = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(bodies) == sum(sum(m.role == "user" for m in t.messages) for t in trajs)
+
+    for traj in trajs:
+        assert not traj.sim_fault and traj.reward is not None  # scored
+        assert traj.stop_reason in {"max_turns", "user_stop", "user_transfer", "user_out_of_scope"}
+        users = [m.content for m in traj.messages if m.role == "user"]
+        assert users and all(text.strip() for text in users)
+        assert traj.tool_log[0].name == "get_user_details" and traj.tool_log[0].ok
+
+    # what the simulator was sent: flipped roles, only the agent's words, never its tools
+    for traj, seed in zip(trajs, (0, 1), strict=True):
+        sent = [b for b in bodies if b["seed"] == seed]
+        last = sent[-1]["messages"]
+        assert last[0]["role"] == "system" and task.instruction in last[0]["content"]
+        assert last[1] == {"role": "user", "content": AGENT_GREETING}
+        agent_texts = [m.content for m in traj.messages if m.role == "assistant" and not m.tool_calls]
+        user_texts = [m.content for m in traj.messages if m.role == "user"]
+        assert [m["content"] for m in last[2:] if m["role"] == "user"] == agent_texts[: len(sent) - 1]
+        assert [m["role"] for m in last[1:]] == ["user", "assistant"] * (len(sent) - 1) + ["user"]
+        for said, shown in zip([m["content"] for m in last if m["role"] == "assistant"], user_texts, strict=False):
+            assert parse_stop(said)[0] == shown
+        for body in sent:
+            dumped = json.dumps(body)
+            assert "tools" not in body and all(m["role"] != "tool" for m in body["messages"])
+            assert "call_secret_42" not in dumped and "get_user_details" not in dumped
+            assert traj.tool_log[0].output not in dumped
+            assert body["temperature"] == 0.0 and body["max_tokens"] == 48
+
+
+@pytest.mark.slow
+def test_openai_policy_against_smollm2(smol: tuple[str, Path], retail: Domain) -> None:
+    url, log = smol
+    task = retail.tasks("test")[2]
+    policy = OpenAIPolicy(url, "smollm2", max_tokens=24, timeout=120, max_retries=1, seed=3)
+    user = LLMUser(url, "smollm2", max_tokens=32, timeout=120, max_retries=1)
+    log.write_text("")
+    traj = episode(retail, task, policy, user, seed=5, max_turns=2)
+    assert traj.reward is not None and not traj.sim_fault
+    assert traj.messages[0].role == "system" and traj.messages[2].role == "assistant"
+    agent_bodies = [b for b in map(json.loads, log.read_text().splitlines()) if "tools" in b]
+    assert agent_bodies, "the policy's requests carry the domain's tools"
+    first = agent_bodies[0]
+    assert {t["function"]["name"] for t in first["tools"]} == {t.name for t in retail.tools}
+    assert first["messages"][0] == {"role": "system", "content": retail.policy}
+    assert first["messages"][1]["role"] == "user" and first["seed"] == 3
+
+
+@pytest.mark.slow
+def test_serve_models_and_bad_requests(smol: tuple[str, Path]) -> None:
+    url, _ = smol
+    with urllib.request.urlopen(url + "/models", timeout=10) as resp:
+        assert json.loads(resp.read())["data"][0]["id"] == "smollm2"
+    for body, field in [(b"{nope", "not valid JSON"), (b'{"messages": []}', "messages"),
+                        (b'{"messages": [{"role": "user", "content": "x"}], "stream": true}', "stream"),
+                        (b'{"messages": [{"role": "robot", "content": "x"}]}', "role"),
+                        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "max_tokens"),
+                        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature")]:
+        req = urllib.request.Request(url + "/chat/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 400 and field in json.loads(info.value.read())["error"]["message"]
+
+
+def test_serve_tool_call_parsing() -> None:
+    text = ('Let me look.\n<tool_call>\n{"name": "get_order_details", "arguments": {"order_id": "#W1"}}\n</tool_call>'
+            '<tool_call>{"name": "think", "arguments": {"thought": "x"</tool_call>')
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me look."
+    assert [c["function"]["name"] for c in calls] == ["get_order_details", "think"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"order_id": "#W1"}
+    with pytest.raises(ValueError):  # broken JSON is passed on for the client to report, as OpenAI does
+        json.loads(calls[1]["function"]["arguments"])
+    assert parse_tool_calls("no calls here") == ("no calls here", [])
+
+
+# -- (b) retries and faults ---------------------------------------------------------------------------
+def test_retries_then_success(fault: FaultServer, retail: Domain) -> None:
+    task = retail.tasks("test")[0]
+    fault.script({"status": 500}, {"status": 500}, {"content": "Hi, I need to cancel an order."})
+    reply = asyncio.run(fast_user(fault).session(task, 7).start())
+    assert reply.text == "Hi, I need to cancel an order." and reply.stop is None
+    assert reply.metadata["retries"] == 2
+    sent = fault.requests()
+    assert len(sent) == 3 and all(b["seed"] == 7 for b in sent)
+
+
+def test_timeout_and_429_are_retried(fault: FaultServer, retail: Domain) -> None:
+    task = retail.tasks("test")[0]
+    fault.script({"sleep": 2.0, "content": "too late"}, {"status": 429, "retry_after": 0}, {"content": "on time"})
+    started = time.monotonic()
+    reply = asyncio.run(fast_user(fault, timeout=0.4).session(task, 0).start())
+    assert reply.text == "on time" and reply.metadata["retries"] == 2
+    assert time.monotonic() - started < 2.0  # the slow request was abandoned, not waited for
+    assert len(fault.requests()) == 3
+
+
+def test_persistent_failure_raises_simulator_fault(fault: FaultServer, retail: Domain) -> None:
+    task = retail.tasks("test")[0]
+    fault.script(default={"status": 500, "message": "model crashed"})
+    with pytest.raises(SimulatorFault) as info:
+        asyncio.run(fast_user(fault, max_retries=2).session(task, 0).start())
+    message = str(info.value)
+    assert fault.url in message and "HTTP 500" in message and "after 2 retries" in message
+    assert len(fault.requests()) == 3
+
+
+@pytest.mark.parametrize(("action", "cause"), [
+    ({"status": 400, "message": "bad prompt"}, "HTTP 400"),
+    ({"status": 404}, "HTTP 404"),
+    ({"malformed": True}, "malformed"),
+    ({"content": ""}, "empty reply"),
+])
+def test_unretryable_failures_fault_at_once(fault: FaultServer, retail: Domain, action: dict, cause: str) -> None:
+    fault.script(action, default={"content": "should never be reached"})
+    with pytest.raises(SimulatorFault, match=cause) as info:
+        asyncio.run(fast_user(fault).session(retail.tasks("test")[0], 0).start())
+    assert fault.url.split("/v1")[0] in str(info.value)
+    assert len(fault.requests()) == 1
+
+
+def test_sim_fault_marks_the_episode(fault: FaultServer, retail: Domain) -> None:
+    task = retail.tasks("test")[0]
+    policy = StepPolicy(["How can I help?"])
+    fault.script(default={"status": 503})
+    traj = episode(retail, task, policy, fast_user(fault, max_retries=1))
+    assert traj.sim_fault and traj.stop_reason == "sim_fault" and traj.reward is not None
+    assert "HTTP 503" in traj.metadata["sim_fault"]
+    # a fault in the middle of the conversation, after the agent has spoken
+    fault.script({"content": "I want to cancel my order."}, default={"sleep": 1.0})
+    traj = episode(retail, task, policy, fast_user(fault, timeout=0.2, max_retries=1))
+    assert traj.sim_fault and traj.stop_reason == "sim_fault"
+    assert "timed out" in traj.metadata["sim_fault"] and [m.role for m in traj.messages] == ["system", "user", "assistant"]
+
+
+# -- (c) stop markers and role flipping ---------------------------------------------------------------
+def test_parse_stop() -> None:
+    assert parse_stop("Thanks, bye! ###STOP###") == ("Thanks, bye!", "stop")
+    assert parse_stop("###TRANSFER###") == ("###TRANSFER###", "transfer")
+    assert parse_stop("That is not what I asked. ###OUT-OF-SCOPE###") == ("That is not what I asked.", "out_of_scope")
+    assert parse_stop("just text") == ("just text", None)
+    assert parse_stop("###STOP### ###TRANSFER###")[1] == "stop"  # the first marker wins
+
+
+@pytest.mark.parametrize(("last", "reason", "shown"), [
+    ("Perfect, thank you! ###STOP###", "user_stop", "Perfect, thank you!"),
+    ("###TRANSFER###", "user_transfer", "###TRANSFER###"),
+    ("Okay. ###OUT-OF-SCOPE###", "user_out_of_scope", "Okay."),
+])
+def test_markers_end_the_episode_with_flipped_roles(fault: FaultServer, retail: Domain, last: str, reason: str,
+                                                    shown: str) -> None:
+    task = retail.tasks("test")[0]
+    call = ToolCall(id="call_hidden_7", name="find_user_id_by_email", arguments={"email": "x@example.com"})
+    policy = StepPolicy(["Can I have your email?", call, "I could not find it. Anything else?"])
+    fault.script({"content": "Hello, I need help with an order."}, {"content": "Sure, it is x@example.com."},
+                 {"content": last})
+    traj = episode(retail, task, policy, fast_user(fault))
+    assert traj.stop_reason == reason and traj.messages[-1].content == shown
+    sent = fault.requests()
+    assert len(sent) == 3
+    assert [m["role"] for m in sent[2]["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [m["content"] for m in sent[2]["messages"][1:]] == [
+        AGENT_GREETING, "Hello, I need help with an order.", "Can I have your email?", "Sure, it is x@example.com.",
+        "I could not find it. Anything else?"]
+    dumped = json.dumps(sent)
+    assert "call_hidden_7" not in dumped and "find_user_id_by_email" not in dumped
+    assert traj.tool_log[0].output not in dumped and "tools" not in sent[0]
+
+
+def record_telecom(fault: FaultServer, telecom: Domain) -> tuple[Task, StepPolicy, Trajectory]:
+    """A dual-control episode whose simulator uses its phone (once with broken JSON) before answering."""
+    task = telecom.tasks("test")[0]
+    policy = StepPolicy(["Please look at your status bar and tell me what it shows.",
+                         "Please check your SIM status.", "Thanks. Anything else?"])
+    fault.script(
+        {"content": "My phone has no signal."},
+        {"content": None, "tool_calls": [{"id": "u1", "name": "check_status_bar", "arguments": "{}"},
+                                         {"id": "u2", "name": "toggle_airplane_mode", "arguments": "{oops"}]},
+        {"content": "It shows no signal bars."},
+        {"content": None, "tool_calls": [{"id": "u3", "name": "check_sim_status", "arguments": "{}"}]},
+        {"content": "It asks me for a PUK code."},
+        {"content": "No, that's all. ###STOP###"},
+    )
+    return task, policy, episode(telecom, task, policy, fast_user(fault))
+
+
+def test_dual_control_user_tools(fault: FaultServer, telecom: Domain) -> None:
+    task, policy, traj = record_telecom(fault, telecom)
+    assert traj.stop_reason == "user_stop" and not traj.sim_fault
+    user_records = [r for r in traj.tool_log if r.actor == "user"]
+    assert [r.name for r in user_records] == ["check_status_bar", "check_sim_status"]  # the broken call never ran
+    sent = fault.requests()
+    assert "tools" not in sent[0]  # no device before the agent has spoken (start() has no act)
+    assert {t["function"]["name"] for t in sent[1]["tools"]} == {t.name for t in telecom.user_tools}
+    tool_msgs = [m for m in sent[2]["messages"] if m["role"] == "tool"]
+    assert tool_msgs[0] == {"role": "tool", "tool_call_id": "u1", "content": user_records[0].output}
+    assert tool_msgs[1]["tool_call_id"] == "u2" and "not valid JSON" in tool_msgs[1]["content"]
+    assert traj.reward is not None
+
+
+# -- (d) replay ---------------------------------------------------------------------------------------
+def test_replay_user_reproduces_a_recording(fault: FaultServer, telecom: Domain) -> None:
+    task, policy, recorded = record_telecom(fault, telecom)
+    turns = user_turns(recorded)
+    assert [[a.name for a in t.actions] for t in turns] == [[], ["check_status_bar"], ["check_sim_status"], []]
+    fault.script(default={"status": 500})  # the replay must not touch the endpoint
+    replayed = episode(telecom, task, policy, ReplayUser([recorded]))
+    assert [m.model_dump() for m in replayed.messages] == [m.model_dump() for m in recorded.messages]
+    strip = [r.model_dump(exclude={"call_id"}) for r in recorded.tool_log]
+    assert [r.model_dump(exclude={"call_id"}) for r in replayed.tool_log] == strip
+    assert replayed.stop_reason == recorded.stop_reason == "user_stop"
+    assert replayed.reward == recorded.reward and fault.requests() == []
+    # a chattier agent outlives the recording: the user stops when it runs out
+    cut = recorded.model_copy(update={"stop_reason": "max_turns"})
+    longer = episode(telecom, task, StepPolicy(["a", "b", "c", "d"]), ReplayUser(cut))
+    assert longer.stop_reason == "user_stop" and sum(m.role == "user" for m in longer.messages) == 5
+    with pytest.raises(KeyError, match="no recording"):
+        ReplayUser(cut).session(telecom.tasks("test")[1], 0)
+
+
+# -- (e) OpenAIPolicy ---------------------------------------------------------------------------------
+def test_openai_policy_parse_errors_and_tool_results(fault: FaultServer, retail: Domain) -> None:
+    task = retail.tasks("test")[0]
+    policy = OpenAIPolicy(fault.url, "fault", timeout=2, max_retries=2, backoff=0.01)
+    fault.script(
+        {"content": "I want to cancel order #W4507103."},  # user opening
+        {"status": 500},  # the policy's first try fails once
+        {"content": "Let me check.", "tool_calls": [
+            {"id": "bad", "name": "get_order_details", "arguments": "{\"order_id\": \"#W45"},
+            {"id": "good", "name": "find_user_id_by_email", "arguments": "{\"email\": \"a@example.com\"}"}]},
+        {"content": "I cannot cancel a delivered order."},  # policy
+        {"content": "Fine. ###STOP###"},  # user
+    )
+    traj = episode(retail, task, policy, fast_user(fault))
+    assert traj.stop_reason == "user_stop" and traj.malformed_calls == 1
+    assert [c.name for c in traj.messages[2].tool_calls] == ["find_user_id_by_email"]
+    assert [r.name for r in traj.tool_log] == ["find_user_id_by_email"]
+    sent = fault.requests()
+    first, second = sent[2], sent[3]
+    assert {t["function"]["name"] for t in first["tools"]} == {t.name for t in retail.tools}
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    answers = {m["tool_call_id"]: m["content"] for m in second["messages"] if m["role"] == "tool"}
+    assert set(answers) == {"bad", "good"} and "malformed tool call" in answers["bad"]
+    assert second["messages"][2]["tool_calls"][0]["function"]["arguments"] == "{\"order_id\": \"#W45"
+
+
+def test_openai_policy_endpoint_failure_names_the_endpoint(fault: FaultServer, retail: Domain) -> None:
+    policy = OpenAIPolicy(fault.url, "fault", timeout=2, max_retries=1, backoff=0.01)
+    session = policy.session(retail, retail.tasks("test")[0])
+    fault.script(default={"status": 502})
+    with pytest.raises(EndpointError, match="failed after 1 retries: HTTP 502") as info:
+        asyncio.run(session.next([Message(role="system", content="p"), Message(role="user", content="hi")]))
+    assert fault.url in str(info.value) and info.value.retries == 1
