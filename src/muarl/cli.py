@@ -82,6 +82,59 @@ def _gold_cmd(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _rollout_cmd(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from muarl.factory import make_policy, make_user
+    from muarl.rollout import EpisodeConfig, RolloutEngine
+
+    domain = get_domain(args.domain)
+    tasks = domain.tasks(args.split)
+    if args.limit:
+        tasks = tasks[: args.limit]
+    policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    user = make_user(args.user)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
+                           require_outputs=not args.no_required_outputs)
+    engine = RolloutEngine(domain, policy, user, config, group_size=args.n, concurrency=args.concurrency,
+                           common_user_seed=not args.independent_users, seed=args.seed,
+                           out=out / "trajectories.jsonl")
+    groups = asyncio.run(engine.run(tasks))
+    trajs = [t for g in groups for t in g]
+    summary = _summary(trajs)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    console = Console()
+    table = Table(title=f"rollout {args.domain}/{args.split}: {args.policy} x {args.user}, n={args.n}")
+    for key in ("episodes", "success", "tcr", "violation rate", "sim faults", "mean turns", "malformed calls"):
+        table.add_column(key)
+    table.add_row(*(str(summary[k]) for k in ("episodes", "success", "tcr", "violation_rate", "sim_faults",
+                                                "mean_turns", "malformed_calls")))
+    console.print(table)
+    console.print(f"stop reasons: {summary['stop_reasons']}")
+    console.print(f"trajectories: {out / 'trajectories.jsonl'}")
+    return 0
+
+
+def _summary(trajs: list) -> dict:
+    from collections import Counter
+
+    n = max(len(trajs), 1)
+    rewards = [t.reward for t in trajs if t.reward is not None]
+    return {
+        "episodes": len(trajs),
+        "success": round(sum(r.reward for r in rewards) / n, 4),
+        "tcr": round(sum(r.tcr for r in rewards) / n, 4),
+        "violation_rate": round(sum(bool(r.violations) for r in rewards) / n, 4),
+        "sim_faults": sum(t.sim_fault for t in trajs),
+        "mean_turns": round(sum(t.turns for t in trajs) / n, 2),
+        "malformed_calls": sum(t.malformed_calls for t in trajs),
+        "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="muarl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,15 +146,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=SPLITS, help="only this split (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON report instead of a table")
     p.set_defaults(func=_gold_cmd)
+    p = sub.add_parser("rollout", help="run episodes of a policy against a simulated user and save them")
+    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`)")
+    p.add_argument("--split", choices=SPLITS, default="test")
+    p.add_argument("--policy", default="expert", help="expert | expert-noconfirm | hf:PATH | openai:URL#MODEL")
+    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | replay:FILE.jsonl")
+    p.add_argument("--n", type=int, default=1, help="episodes per task (a GRPO group)")
+    p.add_argument("--out", required=True, help="run directory; trajectories.jsonl is appended as episodes finish")
+    p.add_argument("--limit", type=int, help="only the first N tasks of the split")
+    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once")
+    p.add_argument("--max-turns", type=int, default=30, help="tool executions + user replies per episode")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="per assistant message (token backends)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--independent-users", action="store_true",
+                   help="give each group member its own user seed (default: one seed per group)")
+    p.add_argument("--end-on-malformed", action="store_true", help="end an episode on a malformed tool call")
+    p.add_argument("--no-required-outputs", action="store_true", help="grade the DB only (training-style)")
+    p.set_defaults(func=_rollout_cmd)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from muarl.factory import SpecError
+
     try:
         return args.func(args)
     except KeyError as err:  # unknown domain or task: a clear message, not a traceback
         print(f"muarl: error: {err.args[0]}", file=sys.stderr)
+        return 2
+    except (SpecError, FileNotFoundError) as err:
+        print(f"muarl: error: {err}", file=sys.stderr)
         return 2
 
 

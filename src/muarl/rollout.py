@@ -203,25 +203,29 @@ class RolloutEngine:
 
 
 def load_trajectories(path: Path) -> dict[tuple[str, int], Trajectory]:
-    """Trajectories already in a JSONL file, keyed by (task id, member). A torn last line (the run was
-    killed mid-write) is ignored; any other bad line is an error naming the line."""
+    """Trajectories already in a JSONL file, keyed by (task id, member).
+
+    A torn last line (the run was killed in the middle of a write) is cut from the file, so its episode
+    is simply run again; a bad line anywhere else is an error naming the line, never silently skipped.
+    """
     found: dict[tuple[str, int], Trajectory] = {}
     if not path.exists():
         return found
-    lines = path.read_text(encoding="utf-8").splitlines()
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    offset = 0
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            traj = Trajectory.model_validate_json(line)
-        except ValueError as err:
-            if n == len(lines):
+        if line.strip():
+            try:
+                traj = Trajectory.model_validate_json(line)
+            except ValueError as err:
+                if n < len(lines):
+                    raise ValueError(f"{path}:{n}: not a trajectory: {err}") from None
+                with path.open("r+", encoding="utf-8") as f:
+                    f.truncate(len(text[:offset].encode("utf-8")))
                 break
-            raise ValueError(f"{path}:{n}: not a trajectory: {err}") from None
-        found[(traj.task_id, int(traj.metadata.get("member", 0)))] = traj
-    if lines and not path.read_text(encoding="utf-8").endswith("\n"):
-        with path.open("a", encoding="utf-8") as f:  # close a torn line so appends start cleanly
-            f.write("\n")
+            found[(traj.task_id, int(traj.metadata.get("member", 0)))] = traj
+        offset += len(line)
     return found
 
 

@@ -1,0 +1,72 @@
+"""Policies and users from command-line specs, so every command names them the same way.
+
+Policies: ``expert`` | ``expert-noconfirm`` | ``hf:PATH`` (a checkpoint directory or ``hf:tiny`` /
+``hf:smollm2``) | ``openai:URL#MODEL``. Users: ``scripted`` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl``.
+An API key for an endpoint comes from ``$OPENAI_API_KEY`` (default "EMPTY" for local servers).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from muarl.policies.base import Policy
+from muarl.users.base import UserSimulator
+
+
+class SpecError(ValueError):
+    """A malformed --policy / --user value; the message says what the accepted forms are."""
+
+
+def _endpoint(spec: str, kind: str) -> tuple[str, str]:
+    rest = spec.split(":", 1)[1]
+    url, sep, model = rest.rpartition("#")
+    if not sep or not url or not model:
+        raise SpecError(f"{kind} {spec!r}: expected {spec.split(':')[0]}:URL#MODEL, "
+                        f"e.g. {spec.split(':')[0]}:http://127.0.0.1:8000/v1#my-model")
+    return url, model
+
+
+def make_policy(spec: str, **options: Any) -> Policy:
+    """A policy from its spec; ``options`` go to the backend (temperature, max_new_tokens, seed ...)."""
+    if spec in ("expert", "expert-noconfirm"):
+        from muarl.policies.expert import ExpertPolicy
+
+        return ExpertPolicy(skip_confirmation=spec == "expert-noconfirm")
+    if spec.startswith("hf:"):
+        from muarl.policies.hf import HFPolicy
+
+        keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed")
+        return HFPolicy(spec[3:], **{k: v for k, v in options.items() if k in keys and v is not None})
+    if spec.startswith("openai:"):
+        from muarl.policies.openai import OpenAIPolicy
+
+        url, model = _endpoint(spec, "policy")
+        keys = ("temperature", "seed")
+        kwargs = {k: v for k, v in options.items() if k in keys and v is not None}
+        if options.get("max_new_tokens"):
+            kwargs["max_tokens"] = options["max_new_tokens"]
+        return OpenAIPolicy(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
+    raise SpecError(f"unknown policy {spec!r}; use expert, expert-noconfirm, hf:PATH or openai:URL#MODEL")
+
+
+def make_user(spec: str) -> UserSimulator:
+    if spec == "scripted":
+        from muarl.users.scripted import ScriptedUser
+
+        return ScriptedUser()
+    if spec.startswith("llm:"):
+        from muarl.users.llm import LLMUser
+
+        url, model = _endpoint(spec, "user")
+        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    if spec.startswith("replay:"):
+        from muarl.rollout import load_trajectories
+        from muarl.users.replay import ReplayUser
+
+        path = Path(spec[7:])
+        if not path.exists():
+            raise SpecError(f"user {spec!r}: no such file {path}")
+        return ReplayUser(load_trajectories(path).values())
+    raise SpecError(f"unknown user {spec!r}; use scripted, llm:URL#MODEL or replay:FILE.jsonl")
