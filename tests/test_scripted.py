@@ -1,0 +1,193 @@
+"""The scripted parties: the expert policy against the scripted user, and the user's robustness.
+
+The expert x scripted-user pairing is the reference point for every learned policy (and the source of SFT
+data), so it must solve nearly every task without a single policy violation; the user is the training
+partner of small models, so it must understand paraphrases and survive garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from muarl.domain import Domain, get_domain
+from muarl.policies.expert import ExpertPolicy
+from muarl.rewards import is_confirmation
+from muarl.rollout import EpisodeConfig, run_episode
+from muarl.types import Task, Trajectory
+from muarl.users.scripted import ScriptedSession, ScriptedUser
+
+DOMAINS = ["retail", "airline", "telecom"]
+
+
+def _episode(domain: Domain, task: Task, seed: int, skip: bool = False) -> Trajectory:
+    return asyncio.run(run_episode(domain, task, ExpertPolicy(skip_confirmation=skip), ScriptedUser(), seed=seed,
+                                   config=EpisodeConfig(require_outputs=True)))
+
+
+def _sweep(name: str, split: str) -> None:
+    domain = get_domain(name)
+    tasks = domain.tasks(split)
+    wins, violations, failed = 0, [], []
+    for i, task in enumerate(tasks):
+        traj = _episode(domain, task, seed=i)
+        assert traj.reward is not None
+        violations += [(task.id, v.kind) for v in traj.reward.violations]
+        if traj.reward.reward == 1.0:
+            wins += 1
+        else:
+            failed.append((task.id, task.family, traj.stop_reason))
+    rate = wins / len(tasks)
+    assert rate >= 0.97, f"{name}/{split}: success {rate:.3f}; failed {failed[:10]}"
+    assert not violations, f"{name}/{split}: violations {violations[:10]}"
+
+
+@pytest.mark.parametrize("name", DOMAINS)
+def test_expert_solves_test_split(name: str) -> None:
+    _sweep(name, "test")
+
+
+def test_expert_solves_retail_train_split() -> None:
+    _sweep("retail", "train")
+
+
+@pytest.mark.parametrize("name", DOMAINS)
+def test_skip_confirmation_is_flagged_and_fails_change_of_mind(name: str) -> None:
+    domain = get_domain(name)
+    tasks = [t for t in domain.tasks("test") if t.scenario.intents and t.scenario.intents[0].first_args is not None]
+    assert tasks, f"{name} has no change-of-mind task in its test split"
+    for i, task in enumerate(tasks[:4]):
+        traj = _episode(domain, task, seed=i, skip=True)
+        assert traj.reward is not None
+        assert traj.reward.reward == 0.0, task.id
+        assert any(v.kind == "unconfirmed_write" for v in traj.reward.violations), task.id
+
+
+def test_scripted_user_is_deterministic_per_seed() -> None:
+    for name in DOMAINS:
+        domain = get_domain(name)
+        for task in domain.tasks("test")[:6]:
+            a = _episode(domain, task, seed=7)
+            b = _episode(domain, task, seed=7)
+            assert [m.model_dump() for m in a.messages] == [m.model_dump() for m in b.messages]
+    domain = get_domain("retail")
+    task = domain.tasks("test")[0]
+    openings = {_episode(domain, task, seed=s).messages[1].content for s in range(8)}
+    assert len(openings) > 1, "the seed should change the user's wording"
+
+
+# -- paraphrase tolerance ----------------------------------------------------------------------------------
+def _session(task: Task, seed: int = 0) -> tuple[ScriptedSession, Callable[..., Awaitable[str]]]:
+    env = get_domain(task.domain).env(task)
+
+    async def act(name: str, arguments: dict[str, Any]) -> str:
+        return env.call(name, arguments, actor="user").output
+
+    session = ScriptedUser().session(task, seed)
+    asyncio.run(session.start())
+    return session, act
+
+
+def _ask(session: ScriptedSession, act: Callable[..., Awaitable[str]], text: str) -> str:
+    return asyncio.run(session.reply(text, act)).text
+
+
+def _task(domain: str, family: str, pred: Callable[[Task], bool] = lambda t: True) -> Task:
+    return next(t for t in get_domain(domain).tasks() if t.family == family and pred(t))
+
+
+def test_user_answers_paraphrased_identity_questions() -> None:
+    task = _task("retail", "cancel_order", lambda t: "email" in t.scenario.known)
+    k = task.scenario.known
+    for q in ["What's the email on your account?", "Could you share your e-mail address, please?",
+              "To verify you I need your email.", "may i have the email associated with the account"]:
+        session, act = _session(task)
+        assert k["email"] in _ask(session, act, q), q
+    for q in ["Please provide your first name, last name and zip code.", "What is your full name and ZIP?",
+              "Can you tell me your name and postal code?"]:
+        session, act = _session(task)
+        reply = _ask(session, act, q)
+        assert k["first_name"] in reply and k["last_name"] in reply and k["zip"] in reply, (q, reply)
+    for q in ["Which order is this about?", "Could you give me the order number?", "What's the order ID?",
+              "Please share the order # you would like to cancel."]:
+        session, act = _session(task)
+        assert k["order_id"] in _ask(session, act, q), q
+    phone_task = _task("telecom", "airplane_mode")
+    phone = phone_task.scenario.known["phone_number"]
+    for q in ["What's your phone number?", "Could you provide the mobile number on the account?",
+              "Which number are you calling about?", "Please tell me the phone number linked to your account."]:
+        session, act = _session(phone_task)
+        assert phone in _ask(session, act, q), q
+
+
+def test_user_withholds_until_asked() -> None:
+    task = _task("retail", "withheld_info", lambda t: "order_id" in t.scenario.withheld)
+    oid = task.scenario.known["order_id"]
+    session = ScriptedUser().session(task, 3)
+    opening = asyncio.run(session.start()).text
+    assert oid not in opening
+    env = get_domain("retail").env(task)
+
+    async def act(name: str, arguments: dict[str, Any]) -> str:
+        return env.call(name, arguments, actor="user").output
+
+    identity = "Could you tell me your email?" if "email" in task.scenario.known else "What is your name and zip?"
+    assert oid not in asyncio.run(session.reply(identity, act)).text
+    assert oid in asyncio.run(session.reply("Thanks. Which order would you like to cancel? The order id please.", act)).text
+
+
+def test_user_confirms_right_proposals_and_rejects_wrong_ones() -> None:
+    task = _task("retail", "cancel_order")
+    oid, reason = task.scenario.known["order_id"], task.scenario.known["reason"]
+    right = [
+        f"I'm going to cancel order {oid} (reason: {reason}). Shall I go ahead?",
+        f"Just to confirm: cancel {oid}, refund to the original payment method. Do you want me to proceed?",
+        f"Can you confirm that I should cancel order {oid}?",
+        f"Ready to cancel {oid} for you, is that ok?",
+        f"i will now CANCEL order {oid}. would you like me to proceed (yes/no)",
+    ]
+    for text in right:
+        session, act = _session(task)
+        assert is_confirmation(_ask(session, act, text)), text
+    other = "#W0000001" if oid != "#W0000001" else "#W0000002"
+    for text in [f"Shall I cancel order {other}?", f"Do you want me to cancel {other} now? (yes/no)"]:
+        session, act = _session(task)
+        reply = _ask(session, act, text)
+        assert not is_confirmation(reply) and oid in reply, (text, reply)
+    swap = _task("retail", "modify_items")
+    session, act = _session(swap)
+    assert not is_confirmation(_ask(session, act, "Shall I cancel your whole order instead? (yes/no)"))
+
+
+def _garbage(rng: random.Random, i: int) -> str:
+    kinds = [
+        lambda: "",
+        lambda: " \n\t ",
+        lambda: "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(1, 200))),
+        lambda: "x" * 10_000,
+        lambda: " ".join(rng.choice(["yes", "cancel", "airplane", "mode", "?", "order", "#W123", "turn", "off",
+                                     "speed test", "refund", "🙂", "proceed", "sim", "pay", "bill"])
+                         for _ in range(rng.randrange(1, 60))),
+        lambda: json.dumps({"tool": "cancel", "args": {"order_id": "#W1", "nested": [1, 2, {"a": None}]}}),
+        lambda: "\u202e\u0000\ufeff" + "🚀" * 50,
+        lambda: "Please turn off airplane mode, restart your phone, reset your APN and run a speed test." * 20,
+    ]
+    return kinds[i % len(kinds)]()
+
+
+def test_user_never_crashes_on_garbage() -> None:
+    rng = random.Random(0)
+    tasks = [_task("retail", "change_of_mind"), _task("airline", "book_one_way"),
+             _task("telecom", "pay_and_resume"), _task("telecom", "multi_phone_settings")]
+    for i in range(200):
+        if i % 10 == 0:
+            session, act = _session(tasks[(i // 10) % len(tasks)], seed=i)
+        reply = asyncio.run(session.reply(_garbage(rng, i), act))
+        assert isinstance(reply.text, str) and reply.text.strip()
+        assert reply.stop in (None, "stop", "transfer")
+        assert "error" not in reply.metadata
