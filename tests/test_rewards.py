@@ -151,12 +151,15 @@ def test_required_output_matching(required, text, ok):
     assert _said(required, text) is ok
 
 
-@pytest.mark.parametrize("text", ["No problem, go ahead.", "Yes", "yes, please do", "Sure, go ahead.", "I confirm.", "ok do it", "That's right"])
+@pytest.mark.parametrize("text", ["No problem, go ahead.", "Yes", "yes, please do", "Sure, go ahead.", "I confirm.",
+                                  "ok do it", "That's right", "Okay.", "Sure thing!", "Not a problem, proceed."])
 def test_confirmations(text):
     assert is_confirmation(text)
 
 
 @pytest.mark.parametrize("text", ["No", "no, wait", "Don't do that", "What are the options?", "Hold on, yes maybe",
-                                  "I need to cancel my order", ""])
+                                  "I need to cancel my order", "", "Okay, I did that and the phone restarted fine.",
+                                  "That's not correct.", "I'm not sure that's right.",
+                                  "Yes, but actually I changed my mind: the blue one instead."])
 def test_not_confirmations(text):
     assert not is_confirmation(text)

@@ -18,20 +18,30 @@ if TYPE_CHECKING:
     from muarl.domain import Domain
 
 _AFFIRM = re.compile(
-    r"\b(yes|yeah|yep|yup|sure|confirm(?:ed|s)?|i confirm|go ahead|proceed|please do|do it|do that|"
-    r"that'?s right|correct|ok|okay|sounds good|absolutely|of course|approved?|agreed?)\b",
+    r"\b(yes|yeah|yep|yup|confirm(?:ed|s)?|go ahead|proceed|please do|do it|do that|that'?s right|"
+    r"correct|sounds good|absolutely|of course|approved?|agreed?)\b",
     re.IGNORECASE,
 )
+#: Agreement words that only count as a confirmation in a short reply ("Okay." yes; "Okay, I did that" no).
+_WEAK = re.compile(r"\b(ok|okay|sure|alright|all right|fine)\b", re.IGNORECASE)
 _NEGATE = re.compile(
-    r"^\W*(no(?!\s+(problem|worries))|nope|nah|wait|hold on|not yet|stop)\b|\b(don'?t|do not|never)\s+(do|proceed|go|make|change|"
-    r"cancel|book|confirm)",
+    r"^\W*(no|nope|nah|wait|hold on|stop)\b|"
+    r"\b(not|don'?t|do not|doesn'?t|isn'?t|never|wrong|hold on|wait|instead|rather|changed? my mind)\b",
     re.IGNORECASE,
 )
+
+_POLITE = re.compile(r"\b(no|not a) (problem|worries)\b", re.IGNORECASE)
 
 
 def is_confirmation(text: str) -> bool:
-    """Whether a user message explicitly approves the action just proposed."""
-    return bool(_AFFIRM.search(text)) and not _NEGATE.search(text)
+    """Whether a user message explicitly approves the action just proposed.
+
+    Deliberately strict: an explicit "yes"-like word, or a bare "okay"/"sure" in a short reply, and no
+    negation or hedge anywhere ("that's not correct", "wait", "actually, rather the blue one").
+    """
+    if _NEGATE.search(_POLITE.sub("", text)):
+        return False
+    return bool(_AFFIRM.search(text)) or (bool(_WEAK.search(text)) and len(text.split()) <= 6)
 
 
 def replay(domain: Domain, task: Task, log: list[ToolRecord]) -> Env:
