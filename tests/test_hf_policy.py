@@ -36,20 +36,22 @@ class _Talk(UserSession):
                          stop="stop" if self.n >= self.turns else None)
 
 
-def _check_token_exactness(policy: HFPolicy, trajectories, temperature: float) -> float:
-    """Stored ids/logprobs/masks against one teacher-forced forward pass; returns the drift rate."""
+def _check_token_exactness(policy: HFPolicy, trajectories, temperature: float, forward_every: int = 1) -> float:
+    """Stored ids/logprobs/masks against a teacher-forced forward pass (on every ``forward_every``-th
+    trajectory: the pass is the expensive part for a real model); returns the drift rate."""
     model = policy.model
-    for traj in trajectories:
+    for n, traj in enumerate(trajectories):
         ids, mask, logprobs = traj.token_ids, traj.loss_mask, traj.logprobs
         assert len(ids) == len(mask) == len(logprobs) and sum(mask) > 0
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0].float()
-        logp = torch.log_softmax(logits / temperature, dim=-1)
         masked = [p for p, m in enumerate(mask) if m]
-        recomputed = logp[[p - 1 for p in masked], [ids[p] for p in masked]]
-        stored = torch.tensor([logprobs[p] for p in masked])
-        assert torch.allclose(recomputed, stored, atol=2e-3), (recomputed - stored).abs().max()
         assert all(logprobs[p] == 0.0 for p, m in enumerate(mask) if not m)
+        if n % forward_every == 0:
+            with torch.no_grad():
+                hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+                logits = model.get_output_embeddings()(hidden[[p - 1 for p in masked]]).float()
+            recomputed = torch.log_softmax(logits / temperature, dim=-1)[range(len(masked)), [ids[p] for p in masked]]
+            stored = torch.tensor([logprobs[p] for p in masked])
+            assert torch.allclose(recomputed, stored, atol=2e-3), (recomputed - stored).abs().max()
         # the sampled spans, decoded and parsed, are exactly the assistant messages of the trajectory
         spans, current = [], []
         for p, m in enumerate(mask):
@@ -137,11 +139,12 @@ def test_context_and_turn_limits_end_the_episode():
 
 @pytest.mark.slow
 def test_smollm2_episodes_are_token_exact():
-    policy = HFPolicy("smollm2", temperature=1.0, max_new_tokens=24, seed=5)
+    policy = HFPolicy("smollm2", temperature=1.0, max_new_tokens=24, max_batch=16, seed=5)
     domain = get_domain("retail")
-    trajectories = _run(policy, domain, domain.tasks("test")[:13], 4, TalkativeUser(2))
+    # 16 episodes in flight: SmolLM2's KV cache is ~46 kB per token, and each episode keeps its own
+    trajectories = _run(policy, domain, domain.tasks("test")[:13], 4, TalkativeUser(2), concurrency=16)
     assert len(trajectories) >= 50
     engine = policy.engine
     assert engine.tokens_computed + engine.tokens_reused == sum(len(t.token_ids) for t in trajectories) - len(trajectories)
-    drift = _check_token_exactness(policy, trajectories, 1.0)
+    drift = _check_token_exactness(policy, trajectories, 1.0, forward_every=6)
     print(f"SmolLM2: {len(trajectories)} episodes, drift rate {drift:.2f}")
