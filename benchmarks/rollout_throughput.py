@@ -118,6 +118,7 @@ def main() -> None:
 
     policy = HFPolicy(args.model, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
     bias_end_of_turn(policy.model, policy.tokenizer, args.stop_bias)
+    run(policy, domain, tasks[:1], args.group, PlainUser(1), args.episodes)  # warm-up, not measured
     rows = []
     for label, latency in (("engine", 0.0), (f"engine + {args.latency_ms:.0f} ms user latency", args.latency_ms / 1e3)):
         before = policy.engine.tokens_computed
