@@ -111,6 +111,7 @@ class ChatFormat:
         if tokenizer.eos_token_id is not None:
             self.stop_ids.add(tokenizer.eos_token_id)
         self.native_tools = self._template_has_tools()
+        self._system_tokens: dict[str, list[int]] = {}
 
     def _template_has_tools(self) -> bool:
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -157,6 +158,17 @@ class ChatFormat:
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """Tokens of the opening prompt (system + first user message + generation prompt)."""
         return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def shared_prefix_len(self, messages: list[Message], prompt: list[int]) -> int:
+        """How many leading tokens of an opening ``prompt`` are the system turn alone (0 if it is not a
+        clean token prefix). Every episode of a domain shares them, so a backend can compute them once."""
+        if not messages or messages[0].role != "system":
+            return 0
+        key = messages[0].content
+        if key not in self._system_tokens:
+            self._system_tokens[key] = self.encode(self.render(messages[:1]))
+        system = self._system_tokens[key]
+        return len(system) if prompt[: len(system)] == system else 0
 
     def delta_ids(self, history: list[Message], new: list[Message]) -> tuple[list[int], bool]:
         """Tokens to append after the last sampled end-of-turn token for the ``new`` messages.

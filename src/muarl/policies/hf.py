@@ -4,7 +4,8 @@ Every episode waiting for the agent joins one running decode batch at the next t
 wait for the batch to drain), and leaves it when it stops. Each episode keeps its own KV cache between
 turns, so a new turn prefills only the tokens appended since the last one: every token of a
 conversation goes through the model at most once. The opening prompt's shared prefix (the system turn
-with policy and tool schemas, identical for every episode of a domain) is computed once and shared. The model runs in a worker thread so the event loop keeps
+with policy and tool schemas, identical for every episode of a domain, most of a short conversation)
+is computed once, kept once, and attended to once per step for the whole batch (cascade attention). The model runs in a worker thread so the event loop keeps
 serving users and tools (an LLM user's HTTP call overlaps with other episodes' decoding).
 
 Caches of different lengths are batched by left-padding them to a common length, with a 2-D attention
@@ -30,6 +31,81 @@ if TYPE_CHECKING:
     from muarl.types import Task
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+ATTENTION = "muarl_shared_prefix"
+
+
+@dataclass
+class SharedPrefix:
+    """KV of a prompt prefix that many sequences share (the system turn: policy + tool schemas).
+
+    Rows that use it keep only their own tokens in their cache; attention reads the prefix once per step
+    for the whole batch instead of once per row ("cascade" attention). ``use`` marks the rows (of the
+    current forward pass) that sit on the prefix.
+    """
+
+    tokens: list[int]
+    kv: KV  # per layer: keys, values of shape [kv_heads, prefix_length, head_dim]
+    use: torch.Tensor | None = None
+
+
+def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            shared_prefix: SharedPrefix | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention over [shared prefix ; each row's own cache], combined exactly with a joint softmax.
+
+    Without a shared prefix this is plain SDPA. ``query`` is [rows, heads, q, dim]; ``key`` / ``value``
+    hold each row's own tokens; ``attention_mask`` (bool, True = attend) covers those only.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if shared_prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    kp, vp = shared_prefix.kv[module.layer_idx]
+    rows, heads, q, dim = query.shape
+    kv_heads, size = kp.shape[0], key.shape[2]
+    group = heads // kv_heads
+    # grouped-query layout: [rows, kv_heads, group*q, dim] is a view of [rows, heads, q, dim], so the
+    # kv heads never need repeating
+    query = (query * (scaling if scaling is not None else dim ** -0.5)).reshape(rows, kv_heads, group * q, dim)
+
+    def kv_major(t: torch.Tensor) -> torch.Tensor:  # [rows, kv_heads, n, x] -> [kv_heads, rows*n, x]
+        return t.transpose(0, 1).reshape(kv_heads, -1, t.shape[-1])
+
+    def row_major(t: torch.Tensor) -> torch.Tensor:  # the inverse
+        return t.view(kv_heads, rows, group * q, t.shape[-1]).transpose(0, 1)
+
+    # the big part, in one layout and updated in place: every row and query against the prefix, one
+    # matmul per kv head, so the prefix is read once for the whole batch
+    pre = torch.matmul(kv_major(query), kp.transpose(-1, -2))  # [kv_heads, rows*group*q, prefix]
+    if shared_prefix.use is not None and not bool(shared_prefix.use.all()):
+        pre.view(kv_heads, rows, group * q, -1).masked_fill_(~shared_prefix.use.view(1, rows, 1, 1), float("-inf"))
+    # the small part: each row against its own tokens
+    own = torch.matmul(query, key.transpose(-1, -2)).view(rows, kv_heads, group, q, size)
+    if attention_mask is not None:
+        own = own.masked_fill(~attention_mask.bool().view(rows, 1, 1, q, size), float("-inf"))
+    elif q > 1:  # causal among the new tokens, which are the last q of this row's own tokens
+        own = own.masked_fill(~torch.ones(q, size, dtype=torch.bool, device=query.device).tril(size - q),
+                              float("-inf"))
+    own = own.view(rows, kv_heads, group * q, size)
+    # one softmax over both parts
+    top = torch.maximum(pre.amax(-1, keepdim=True), kv_major(own.amax(-1, keepdim=True)))
+    pre.sub_(top).exp_()
+    own = (own - row_major(top)).exp()
+    total = row_major(pre.sum(-1, keepdim=True)) + own.sum(-1, keepdim=True)
+    out = (row_major(torch.matmul(pre, vp)) + torch.matmul(own, value)) / total
+    return out.reshape(rows, heads, q, dim).transpose(1, 2).contiguous(), None
+
+
+def _enable_shared_prefix(model: Any) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, shared_prefix_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
 
 
 def _buffered_cache(model: Any, kv: KV | None, room: int) -> Any:
@@ -77,15 +153,22 @@ def _buffered_cache(model: Any, kv: KV | None, room: int) -> Any:
 
 @dataclass
 class _Sequence:
-    """One episode's token state: every id so far, and the KV cache of all but the last sampled one."""
+    """One episode's token state: every id so far, and the KV cache of all but the last sampled one.
+
+    When ``shared`` the first ``offset`` ids live in the engine's shared prefix and ``cache`` holds only
+    the KV of the ids after it.
+    """
 
     generator: torch.Generator
     ids: list[int] = field(default_factory=list)
     cache: KV | None = None
+    started: bool = False
+    shared: bool = False
+    offset: int = 0
 
     @property
     def cached(self) -> int:
-        return 0 if self.cache is None else int(self.cache[0][0].shape[2])
+        return self.offset + (0 if self.cache is None else int(self.cache[0][0].shape[2]))
 
 
 @dataclass
@@ -107,6 +190,7 @@ class _Request:
     new_ids: list[int]
     max_new: int
     future: asyncio.Future
+    prefix_len: int = 0
 
 
 class BatchedGenerator:
@@ -127,14 +211,21 @@ class BatchedGenerator:
         self.wakeup: asyncio.Event | None = None
         self.runner: asyncio.Task | None = None
         self.tokens_computed = 0  # positions run through the model (prefill + decode)
-        self.tokens_reused = 0  # positions whose KV came from a shared prompt prefix instead
+        self.tokens_reused = 0  # positions served from the shared prefix instead of being recomputed
+        self.prefix_computed = 0  # of tokens_computed, those spent computing the shared prefix itself
         self.decode_steps = 0
-        #: KV of recent opening prompts, most recent first: every episode of a domain opens with the same
-        #: system turn (policy + tool schemas), often most of its prompt, so it is computed once
-        self.prefixes: list[tuple[list[int], KV]] = []
+        #: the system turn every episode of a domain opens with (policy + tool schemas: most of a prompt),
+        #: computed once and attended to by all rows at once; the first opening request sets it
+        self.prefix: SharedPrefix | None = None
+        _enable_shared_prefix(model)
 
-    async def generate(self, seq: _Sequence, new_ids: list[int], max_new: int) -> tuple[list[int], list[float], str]:
-        """Append ``new_ids`` to the sequence and sample up to ``max_new`` tokens (stops at end of turn)."""
+    async def generate(self, seq: _Sequence, new_ids: list[int], max_new: int,
+                       prefix_len: int = 0) -> tuple[list[int], list[float], str]:
+        """Append ``new_ids`` to the sequence and sample up to ``max_new`` tokens (stops at end of turn).
+
+        ``prefix_len`` (opening turns only) says how many leading tokens are a prefix other episodes
+        share, typically the system turn.
+        """
         loop = asyncio.get_running_loop()
         if self.wakeup is None or self.runner is None or self.runner.done():
             if self.runner is not None and self.runner.done() and not self.runner.cancelled():
@@ -142,7 +233,7 @@ class BatchedGenerator:
             self.wakeup = asyncio.Event()
             self.runner = loop.create_task(self._run())
         future = loop.create_future()
-        self.queue.append(_Request(seq, new_ids, max_new, future))
+        self.queue.append(_Request(seq, new_ids, max_new, future, prefix_len))
         self.wakeup.set()
         return await future
 
@@ -176,20 +267,19 @@ class BatchedGenerator:
         joining: list[tuple[_Row, KV]] = []
         for req in requests:
             seq = req.seq
-            opening = seq.cache is None
             seq.ids.extend(req.new_ids)
-            if opening:
-                self._reuse_prefix(seq)
+            if not seq.started:
+                seq.started = True
+                self._attach_prefix(seq, req.prefix_len)
             start = seq.cached
             inputs = torch.tensor([seq.ids[start:]], device=self.device)
             cache = _buffered_cache(self.model, seq.cache, room=len(seq.ids) - start)
             positions = torch.arange(start, len(seq.ids), device=self.device).unsqueeze(0)
+            prefix = self._prefix_for([seq])
             out = self.model(input_ids=inputs, past_key_values=cache, position_ids=positions, use_cache=True,
-                             logits_to_keep=1)
+                             logits_to_keep=1, shared_prefix=prefix)
             self.tokens_computed += inputs.shape[1]
             kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-            if opening:
-                self._remember_prefix(list(seq.ids), kv)
             seq.cache = None
             row = _Row(seq=seq, future=req.future, max_new=req.max_new, pending=-1)
             token, logprob = self._sample(out.logits[:, -1, :], [seq.generator])
@@ -197,24 +287,27 @@ class BatchedGenerator:
             joining.append((row, kv))
         self._join(joining)
 
-    def _reuse_prefix(self, seq: _Sequence, minimum: int = 32) -> None:
-        """Start a new sequence's cache from the longest stored prompt prefix it shares (if long enough).
+    def _attach_prefix(self, seq: _Sequence, prefix_len: int, minimum: int = 16) -> None:
+        """Put a new sequence on the shared prefix if it starts with it (the first one creates it)."""
+        if prefix_len < minimum or prefix_len >= len(seq.ids):
+            return
+        if self.prefix is None:
+            tokens = seq.ids[:prefix_len]
+            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
+            self.prefix = SharedPrefix(tokens, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+            self.tokens_computed += prefix_len
+            self.prefix_computed += prefix_len
+        plen = len(self.prefix.tokens)
+        if seq.ids[:plen] == self.prefix.tokens and len(seq.ids) > plen:
+            seq.shared, seq.offset = True, plen
+            self.tokens_reused += plen
 
-        Cache tensors are never written in place (a cache update concatenates into new tensors), so
-        sequences can share one prefix's tensors safely.
-        """
-        best, best_kv = 0, None
-        for tokens, kv in self.prefixes:
-            n = _common_prefix(tokens, seq.ids)
-            if n > best:
-                best, best_kv = n, kv
-        best = min(best, len(seq.ids) - 1)  # at least one token must be computed to get logits
-        if best >= minimum and best_kv is not None:
-            seq.cache = [(k[:, :, :best], v[:, :, :best]) for k, v in best_kv]
-            self.tokens_reused += best
-
-    def _remember_prefix(self, tokens: list[int], kv: KV, keep: int = 4) -> None:
-        self.prefixes = [(tokens, kv)] + [(t, c) for t, c in self.prefixes if t[: len(tokens)] != tokens][: keep - 1]
+    def _prefix_for(self, seqs: list[_Sequence]) -> SharedPrefix | None:
+        """The shared prefix with this forward pass's row mask, or None when no row uses it."""
+        if self.prefix is None or not any(s.shared for s in seqs):
+            return None
+        use = torch.tensor([s.shared for s in seqs], dtype=torch.bool, device=self.device)
+        return SharedPrefix(self.prefix.tokens, self.prefix.kv, use)
 
     def _join(self, joining: list[tuple[_Row, KV]]) -> None:
         """Add rows to the batch with one concatenation per layer (not one per row)."""
@@ -238,11 +331,12 @@ class BatchedGenerator:
         for i, length in enumerate(self.lengths):
             mask[i, width - length:] = 1
         inputs = torch.tensor([[max(r.pending, 0)] for r in self.rows], device=self.device)
-        positions = torch.tensor([[length] for length in self.lengths], device=self.device)
+        positions = torch.tensor([[r.seq.offset + n] for r, n in zip(self.rows, self.lengths, strict=True)],
+                                 device=self.device)
         if self.cache is None:  # built once per batch composition, then appended to in place
             self.cache = _buffered_cache(self.model, self.batch, room=256)
         out = self.model(input_ids=inputs, attention_mask=mask, past_key_values=self.cache, position_ids=positions,
-                         use_cache=True)
+                         use_cache=True, shared_prefix=self._prefix_for([r.seq for r in self.rows]))
         self.batch = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         self.lengths = [n + 1 for n in self.lengths]
         self.tokens_computed += len(live)
@@ -275,7 +369,12 @@ class BatchedGenerator:
                 drop = sorted_p.cumsum(dim=-1) - sorted_p > self.top_p
                 sorted_p[drop] = 0.0
                 probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-            tokens = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(generators)])
+            # inverse-CDF sampling: one uniform draw from each episode's own generator (so an episode's
+            # samples do not depend on who shares its batch), then one batched search
+            u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+            cdf = probs.cumsum(dim=-1)
+            u = u * cdf[:, -1]
+            tokens = torch.searchsorted(cdf, u.unsqueeze(-1)).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
         chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return tokens.tolist(), chosen.tolist()
 
@@ -305,14 +404,6 @@ class BatchedGenerator:
                       for k, v in self.batch]
         self.rows = [self.rows[i] for i in keep]
         self.lengths = lengths
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -377,8 +468,10 @@ class HFSession(PolicySession):
         self.append_only = True
 
     async def next(self, new_messages: list[Message]) -> AgentTurn:
+        prefix_len = 0
         if not self.messages:
             prompt = self.chat.prompt_ids(new_messages)
+            prefix_len = self.chat.shared_prefix_len(new_messages, prompt)
         else:
             prompt, append_only = self.chat.delta_ids(self.messages, new_messages)
             self.append_only &= append_only
@@ -387,7 +480,7 @@ class HFSession(PolicySession):
         if room <= 0:
             return AgentTurn(message=Message(role="assistant", content=""), finish="context")
         max_new = min(self.policy.max_new_tokens, room)
-        sampled, logprobs, finish = await self.policy.engine.generate(self.seq, prompt, max_new)
+        sampled, logprobs, finish = await self.policy.engine.generate(self.seq, prompt, max_new, prefix_len)
         if finish == "length" and max_new < self.policy.max_new_tokens:
             finish = "context"
         parsed = self.chat.parse(sampled, call_prefix=f"call_{self.turn}")
