@@ -8,8 +8,9 @@ with policy and tool schemas, identical for every episode of a domain, most of a
 is computed once, kept once, and attended to once per step for the whole batch (cascade attention). The model runs in a worker thread so the event loop keeps
 serving users and tools (an LLM user's HTTP call overlaps with other episodes' decoding).
 
-Caches of different lengths are batched by left-padding them to a common length, with a 2-D attention
-mask hiding the padding and explicit per-row position ids for the rotary embeddings.
+Rows are batched by left-padding their caches to a common width; a boolean column mask per row marks
+real tokens (admission prefills several requests in one pass, leaving masked holes where a row adds
+fewer tokens than its bucket's longest), and positions are passed explicitly for the rotary embeddings.
 """
 
 from __future__ import annotations
@@ -77,11 +78,11 @@ def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     def row_major(t: torch.Tensor) -> torch.Tensor:  # the inverse
         return t.view(kv_heads, rows, group * q, t.shape[-1]).transpose(0, 1)
 
-    # the big part, in one layout and updated in place: every row and query against the prefix, one
-    # matmul per kv head, so the prefix is read once for the whole batch
-    pre = torch.matmul(kv_major(query), kp.transpose(-1, -2))  # [kv_heads, rows*group*q, prefix]
+    # the big part: every row and query against the prefix, one pass per kv head, so the prefix is read
+    # once for the whole batch; it yields the partial output and its log-sum-exp
+    out_pre, lse_pre = _prefix_part(kv_major(query), kp, vp)  # [kv_heads, n, dim], [kv_heads, n, 1]
     if shared_prefix.use is not None and not bool(shared_prefix.use.all()):
-        pre.view(kv_heads, rows, group * q, -1).masked_fill_(~shared_prefix.use.view(1, rows, 1, 1), float("-inf"))
+        lse_pre.view(kv_heads, rows, group * q).masked_fill_(~shared_prefix.use.view(1, rows, 1), float("-inf"))
     # the small part: each row against its own tokens
     own = torch.matmul(query, key.transpose(-1, -2)).view(rows, kv_heads, group, q, size)
     if attention_mask is not None:
@@ -91,12 +92,31 @@ def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
                               float("-inf"))
     own = own.view(rows, kv_heads, group * q, size)
     # one softmax over both parts
-    top = torch.maximum(pre.amax(-1, keepdim=True), kv_major(own.amax(-1, keepdim=True)))
-    pre.sub_(top).exp_()
-    own = (own - row_major(top)).exp()
-    total = row_major(pre.sum(-1, keepdim=True)) + own.sum(-1, keepdim=True)
-    out = (row_major(torch.matmul(pre, vp)) + torch.matmul(own, value)) / total
+    lse_pre = row_major(lse_pre)
+    top = torch.maximum(lse_pre, own.amax(-1, keepdim=True))
+    weight_pre = (lse_pre - top).exp()
+    own = (own - top).exp()
+    total = weight_pre + own.sum(-1, keepdim=True)
+    out = (weight_pre * row_major(out_pre) + torch.matmul(own, value)) / total
     return out.reshape(rows, heads, q, dim).transpose(1, 2).contiguous(), None
+
+
+def _prefix_part(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of [heads, n, dim] queries over a [heads, length, dim] prefix: (output, logsumexp).
+
+    Uses PyTorch's fused CPU flash-attention kernel, which returns the log-sum-exp the combination needs;
+    falls back to plain matmuls where that kernel is unavailable (other devices, other torch versions).
+    """
+    if query.device.type == "cpu":
+        try:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0), 0.0, False, scale=1.0)
+            return out[0], lse[0].unsqueeze(-1)
+        except (RuntimeError, AttributeError):
+            pass
+    scores = torch.matmul(query, kp.transpose(-1, -2))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.matmul((scores - lse).exp(), vp), lse
 
 
 def _enable_shared_prefix(model: Any) -> None:
@@ -207,13 +227,17 @@ class BatchedGenerator:
         self.rows: list[_Row] = []
         self.batch: KV | None = None  # per layer (K, V): [rows, heads, length, dim], left-padded
         self.cache: Any = None  # the batch's live cache (buffered layers over ``batch``)
-        self.lengths: list[int] = []  # real cache length of each row
+        self.mask: torch.Tensor | None = None  # [rows, length] bool: which cache columns hold a real token
         self.wakeup: asyncio.Event | None = None
         self.runner: asyncio.Task | None = None
         self.tokens_computed = 0  # positions run through the model (prefill + decode)
         self.tokens_reused = 0  # positions served from the shared prefix instead of being recomputed
         self.prefix_computed = 0  # of tokens_computed, those spent computing the shared prefix itself
         self.decode_steps = 0
+        self.prefill_passes = 0
+        #: event-loop rounds to wait before admitting, so the episodes released by the last step (tool
+        #: calls, user replies, rendering: a few awaits each) join in one batched prefill, not one by one
+        self.settle = 8
         #: the system turn every episode of a domain opens with (policy + tool schemas: most of a prompt),
         #: computed once and attended to by all rows at once; the first opening request sets it
         self.prefix: SharedPrefix | None = None
@@ -244,7 +268,8 @@ class BatchedGenerator:
                 if not self.rows and not self.queue:
                     self.wakeup.clear()
                     await self.wakeup.wait()
-                await asyncio.sleep(0)  # let every episode that is ready queue its request first
+                for _ in range(self.settle):  # let episodes whose turn just ended queue their next request
+                    await asyncio.sleep(0)
                 if self.queue and len(self.rows) < self.max_batch:
                     take = self.queue[: self.max_batch - len(self.rows)]
                     del self.queue[: len(take)]
@@ -257,35 +282,74 @@ class BatchedGenerator:
             for item in self.rows + self.queue:
                 if not item.future.done():
                     item.future.set_exception(err)
-            self.rows, self.queue, self.batch, self.lengths, self.cache = [], [], None, [], None
+            self.rows, self.queue, self.batch, self.mask, self.cache = [], [], None, None, None
             raise
 
     # -- model work (worker thread) -----------------------------------------------------------------
     @torch.no_grad()
     def _admit(self, requests: list[_Request]) -> None:
-        """Prefill each request's new tokens on its own cache, sample its first token, join the batch."""
-        joining: list[tuple[_Row, KV]] = []
+        """Prefill the new tokens of many requests in a few batched forward passes, sample each one's first
+        token, and add them to the decode batch.
+
+        Requests are bucketed by how many tokens they add; inside a bucket each row's new tokens are
+        right-aligned, and the columns a shorter row does not fill are masked holes in its cache.
+        """
+        pending: list[tuple[_Request, list[int]]] = []
         for req in requests:
             seq = req.seq
             seq.ids.extend(req.new_ids)
             if not seq.started:
                 seq.started = True
                 self._attach_prefix(seq, req.prefix_len)
-            start = seq.cached
-            inputs = torch.tensor([seq.ids[start:]], device=self.device)
-            cache = _buffered_cache(self.model, seq.cache, room=len(seq.ids) - start)
-            positions = torch.arange(start, len(seq.ids), device=self.device).unsqueeze(0)
-            prefix = self._prefix_for([seq])
-            out = self.model(input_ids=inputs, past_key_values=cache, position_ids=positions, use_cache=True,
-                             logits_to_keep=1, shared_prefix=prefix)
-            self.tokens_computed += inputs.shape[1]
-            kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-            seq.cache = None
-            row = _Row(seq=seq, future=req.future, max_new=req.max_new, pending=-1)
-            token, logprob = self._sample(out.logits[:, -1, :], [seq.generator])
-            self._accept(row, token[0], logprob[0])
-            joining.append((row, kv))
-        self._join(joining)
+            pending.append((req, seq.ids[seq.cached:]))
+        pending.sort(key=lambda item: len(item[1]))
+        bucket: list[tuple[_Request, list[int]]] = []
+        for item in pending:
+            alone = item[0].seq.cache is None and not item[0].seq.shared  # holes need a real key before them
+            if bucket and (alone or len(item[1]) > 1.5 * len(bucket[0][1]) + 16):
+                self._prefill(bucket)
+                bucket = []
+            bucket.append(item)
+            if alone:
+                self._prefill(bucket)
+                bucket = []
+        if bucket:
+            self._prefill(bucket)
+
+    def _prefill(self, bucket: list[tuple[_Request, list[int]]]) -> None:
+        seqs = [req.seq for req, _ in bucket]
+        width = max(len(new) for _, new in bucket)
+        own = [0 if s.cache is None else int(s.cache[0][0].shape[2]) for s in seqs]
+        longest = max(own)
+        pad = self.model.config.pad_token_id or 0
+        inputs = torch.tensor([[pad] * (width - len(new)) + new for _, new in bucket], device=self.device)
+        mask = torch.zeros(len(bucket), longest + width, dtype=torch.bool, device=self.device)
+        positions = torch.empty(len(bucket), width, dtype=torch.long, device=self.device)
+        for i, ((_, new), seq, n) in enumerate(zip(bucket, seqs, own, strict=True)):
+            mask[i, longest - n:longest] = True
+            mask[i, longest + width - len(new):] = True
+            start = seq.offset + n
+            positions[i] = torch.arange(start - (width - len(new)), start + len(new)).clamp_(min=start)
+        kv = None
+        if longest:
+            layers = len(next(s.cache for s in seqs if s.cache is not None))
+            kv = []
+            for layer in range(layers):
+                parts = [_pad_or_empty(s.cache, layer, longest, _template(seqs)) for s in seqs]
+                kv.append((torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])))
+        cache = _buffered_cache(self.model, kv, room=width)
+        out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=cache, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, shared_prefix=self._prefix_for(seqs))
+        self.tokens_computed += sum(len(new) for _, new in bucket)
+        self.prefill_passes += 1
+        rows = []
+        tokens, logprobs = self._sample(out.logits[:, -1, :], [s.generator for s in seqs])
+        for (req, _), token, logprob in zip(bucket, tokens, logprobs, strict=True):
+            req.seq.cache = None
+            row = _Row(seq=req.seq, future=req.future, max_new=req.max_new, pending=-1)
+            self._accept(row, token, logprob)
+            rows.append(row)
+        self._join(rows, [(layer.keys, layer.values) for layer in out.past_key_values.layers], mask)
 
     def _attach_prefix(self, seq: _Sequence, prefix_len: int, minimum: int = 16) -> None:
         """Put a new sequence on the shared prefix if it starts with it (the first one creates it)."""
@@ -309,36 +373,35 @@ class BatchedGenerator:
         use = torch.tensor([s.shared for s in seqs], dtype=torch.bool, device=self.device)
         return SharedPrefix(self.prefix.tokens, self.prefix.kv, use)
 
-    def _join(self, joining: list[tuple[_Row, KV]]) -> None:
-        """Add rows to the batch with one concatenation per layer (not one per row)."""
-        parts = ([] if self.batch is None else [self.batch]) + [kv for _, kv in joining]
-        width = max(int(kv[0][0].shape[2]) for kv in parts)
-        self.batch = [(torch.cat([_pad(kv[layer][0], width) for kv in parts]),
-                       torch.cat([_pad(kv[layer][1], width) for kv in parts]))
-                      for layer in range(len(parts[0]))]
+    def _join(self, rows: list[_Row], kv: KV, mask: torch.Tensor) -> None:
+        """Add rows (their cache and column mask) to the batch with one concatenation per layer."""
+        if self.batch is None or self.mask is None:
+            self.batch, self.mask, self.rows = kv, mask, rows
+        else:
+            width = max(self.mask.shape[1], mask.shape[1])
+            self.batch = [(torch.cat([_pad(bk, width), _pad(k, width)]), torch.cat([_pad(bv, width), _pad(v, width)]))
+                          for (bk, bv), (k, v) in zip(self.batch, kv, strict=True)]
+            self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
+            self.rows = self.rows + rows
         self.cache = None
-        self.rows += [row for row, _ in joining]
-        self.lengths += [int(kv[0][0].shape[2]) for _, kv in joining]
 
     @torch.no_grad()
     def _decode_step(self) -> None:
         live = [i for i, r in enumerate(self.rows) if r.finish is None]
         if not live:
             return
-        assert self.batch is not None
-        width = int(self.batch[0][0].shape[2])
-        mask = torch.zeros(len(self.rows), width + 1, dtype=torch.long, device=self.device)
-        for i, length in enumerate(self.lengths):
-            mask[i, width - length:] = 1
+        assert self.batch is not None and self.mask is not None
+        mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
         inputs = torch.tensor([[max(r.pending, 0)] for r in self.rows], device=self.device)
-        positions = torch.tensor([[r.seq.offset + n] for r, n in zip(self.rows, self.lengths, strict=True)],
-                                 device=self.device)
+        offsets = torch.tensor([r.seq.offset for r in self.rows], device=self.device)
+        positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
         if self.cache is None:  # built once per batch composition, then appended to in place
             self.cache = _buffered_cache(self.model, self.batch, room=256)
-        out = self.model(input_ids=inputs, attention_mask=mask, past_key_values=self.cache, position_ids=positions,
-                         use_cache=True, shared_prefix=self._prefix_for([r.seq for r in self.rows]))
+        out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
+                         position_ids=positions, use_cache=True,
+                         shared_prefix=self._prefix_for([r.seq for r in self.rows]))
         self.batch = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        self.lengths = [n + 1 for n in self.lengths]
+        self.mask = mask
         self.tokens_computed += len(live)
         self.decode_steps += 1
         tokens, logprobs = self._sample(out.logits[:, -1, :], [r.seq.generator for r in self.rows])
@@ -379,31 +442,48 @@ class BatchedGenerator:
         return tokens.tolist(), chosen.tolist()
 
     def _release_finished(self) -> None:
-        """Hand finished rows their results and cache, and drop them (and shared padding) from the batch."""
+        """Hand finished rows their results and (hole-free) cache, and drop them from the batch."""
         done = [i for i, r in enumerate(self.rows) if r.finish is not None]
         if not done:
             return
-        assert self.batch is not None
-        width = int(self.batch[0][0].shape[2])
+        assert self.batch is not None and self.mask is not None
         for i in done:
-            row, length = self.rows[i], self.lengths[i]
-            row.seq.cache = [(k[i:i + 1, :, width - length:].clone(), v[i:i + 1, :, width - length:].clone())
-                             for k, v in self.batch]
+            row, cols = self.rows[i], self.mask[i].nonzero().squeeze(1)
+            row.seq.cache = [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in self.batch]  # gathers copy
             row.seq.ids.append(row.pending)  # the stop token: in the ids, not yet in the cache
             if not row.future.done():
                 row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
         keep = [i for i in range(len(self.rows)) if i not in set(done)]
         self.cache = None
         if not keep:
-            self.batch, self.rows, self.lengths = None, [], []
+            self.batch, self.rows, self.mask = None, [], None
             return
         index = torch.tensor(keep, device=self.device)
-        lengths = [self.lengths[i] for i in keep]
-        trim = width - max(lengths)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        trim = int(used[0]) if len(used) else 0  # leading columns no remaining row uses
         self.batch = [(k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:])
                       for k, v in self.batch]
+        self.mask = mask[:, trim:]
         self.rows = [self.rows[i] for i in keep]
-        self.lengths = lengths
+
+
+def _template(seqs: list[_Sequence]) -> KV:
+    """A cache of some sequence in ``seqs``: the shapes and dtypes for rows that have none yet."""
+    return next(s.cache for s in seqs if s.cache is not None)
+
+
+def _pad_or_empty(cache: KV | None, layer: int, width: int, like: KV) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's cache for one layer, left-padded to ``width`` (all padding when it has none)."""
+    if cache is None:
+        k, v = like[layer]
+        return (k.new_zeros(1, k.shape[1], width, k.shape[3]), v.new_zeros(1, v.shape[1], width, v.shape[3]))
+    return _pad(cache[layer][0], width), _pad(cache[layer][1], width)
+
+
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    return mask if missing == 0 else torch.cat([mask.new_zeros(mask.shape[0], missing), mask], dim=1)
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
