@@ -111,7 +111,7 @@ class ChatFormat:
         if tokenizer.eos_token_id is not None:
             self.stop_ids.add(tokenizer.eos_token_id)
         self.native_tools = self._template_has_tools()
-        self._system_tokens: dict[str, list[int]] = {}
+        self._system_cache: dict[str, tuple[str, list[int]]] = {}
 
     def _template_has_tools(self) -> bool:
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -119,7 +119,7 @@ class ChatFormat:
         return "zz_probe_tool" in self.tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False)
 
     # -- rendering ----------------------------------------------------------------------------------
-    def template_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
+    def template_messages(self, messages: list[Message], tools: bool = True) -> list[dict[str, Any]]:
         """Messages in the shape the tokenizer's template expects."""
         out: list[dict[str, Any]] = []
         for m in messages:
@@ -132,7 +132,7 @@ class ChatFormat:
                 if m.role == "tool":
                     entry["tool_call_id"] = m.tool_call_id or ""
                 out.append(entry)
-            elif m.role == "system" and not out and self.tools:
+            elif m.role == "system" and not out and self.tools and tools:
                 tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools)
                 out.append({"role": "system", "content": m.content + TOOLS_PROMPT.format(tools=tools)})
             elif m.role == "assistant" and m.tool_calls:
@@ -147,38 +147,56 @@ class ChatFormat:
                 out.append({"role": m.role, "content": m.content})
         return out
 
-    def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
-        kwargs: dict[str, Any] = {"tools": self.tools} if self.native_tools and self.tools else {}
-        return self.tokenizer.apply_chat_template(self.template_messages(messages), tokenize=False,
+    def render(self, messages: list[Message], add_generation_prompt: bool = False, tools: bool = True) -> str:
+        kwargs: dict[str, Any] = {"tools": self.tools} if tools and self.native_tools and self.tools else {}
+        return self.tokenizer.apply_chat_template(self.template_messages(messages, tools), tokenize=False,
                                                   add_generation_prompt=add_generation_prompt, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _system(self, messages: list[Message]) -> tuple[str, list[int]] | None:
+        """The rendered system turn and its tokens (cached: every episode of a domain shares them)."""
+        if not messages or messages[0].role != "system":
+            return None
+        key = messages[0].content
+        if key not in self._system_cache:
+            text = self.render(messages[:1])
+            self._system_cache[key] = (text, self.encode(text))
+        return self._system_cache[key]
+
+    def _encode_after_system(self, messages: list[Message], text: str) -> list[int]:
+        """Tokens of a full render ``text``, reusing the cached system-turn tokens. The system turn ends in
+        an end-of-turn special token, so tokenization cannot merge across that boundary."""
+        system = self._system(messages)
+        if system is None or not text.startswith(system[0]):
+            return self.encode(text)
+        return system[1] + self.encode(text[len(system[0]):])
+
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """Tokens of the opening prompt (system + first user message + generation prompt)."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        return self._encode_after_system(messages, self.render(messages, add_generation_prompt=True))
 
     def shared_prefix_len(self, messages: list[Message], prompt: list[int]) -> int:
         """How many leading tokens of an opening ``prompt`` are the system turn alone (0 if it is not a
         clean token prefix). Every episode of a domain shares them, so a backend can compute them once."""
-        if not messages or messages[0].role != "system":
+        system = self._system(messages)
+        if system is None:
             return 0
-        key = messages[0].content
-        if key not in self._system_tokens:
-            self._system_tokens[key] = self.encode(self.render(messages[:1]))
-        system = self._system_tokens[key]
-        return len(system) if prompt[: len(system)] == system else 0
+        return len(system[1]) if prompt[: len(system[1])] == system[1] else 0
 
     def delta_ids(self, history: list[Message], new: list[Message]) -> tuple[list[int], bool]:
         """Tokens to append after the last sampled end-of-turn token for the ``new`` messages.
 
         Returns (ids, append_only): ``append_only`` is False when the template re-rendered earlier
         turns differently once new ones were added (then only the differing suffix is appended and the
-        turn counts as drift).
+        turn counts as drift). The system turn is rendered as a stub without tools here: it is the same
+        on both sides, and the tool schemas are most of the rendering work.
         """
-        before = self.render(history)
-        after = self.render(history + new, add_generation_prompt=True)
+        if history and history[0].role == "system":
+            history = [Message(role="system", content="-")] + history[1:]
+        before = self.render(history, tools=False)
+        after = self.render(history + new, add_generation_prompt=True, tools=False)
         append_only = after.startswith(before)
         if not append_only:
             common = 0
@@ -194,7 +212,7 @@ class ChatFormat:
     def drifted(self, token_ids: list[int], messages: list[Message]) -> bool:
         """Whether a full re-render of ``messages`` tokenizes differently from the ids actually used."""
         open_turn = bool(messages) and messages[-1].role != "assistant"
-        full = self.encode(self.render(messages, add_generation_prompt=open_turn))
+        full = self._encode_after_system(messages, self.render(messages, add_generation_prompt=open_turn))
         return full[: len(token_ids)] != token_ids
 
     # -- parsing ------------------------------------------------------------------------------------
