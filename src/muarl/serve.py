@@ -32,20 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from muarl.chat import TOOLS_PROMPT
+
 ROLES = {"system", "user", "assistant", "tool"}
 TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-TOOLS_PREAMBLE = """# Tools
-
-You may call one or more functions to assist with the user query. The function signatures are inside \
-<tools></tools>:
-<tools>
-{tools}
-</tools>
-
-To call a function, write a JSON object with its name and arguments inside <tool_call></tool_call> tags:
-<tool_call>
-{{"name": <function-name>, "arguments": <args-json-object>}}
-</tool_call>"""
 
 
 class BadRequest(ValueError):
@@ -209,11 +199,11 @@ class Generator:
         if req.tools and self.template_tools:
             kwargs["tools"] = req.tools
         elif req.tools:
-            preamble = TOOLS_PREAMBLE.format(tools="\n".join(json.dumps(t) for t in req.tools))
+            preamble = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t) for t in req.tools))
             if messages[0]["role"] == "system":
-                messages[0]["content"] = messages[0]["content"] + "\n\n" + preamble
+                messages[0]["content"] = messages[0]["content"] + preamble
             else:
-                messages.insert(0, {"role": "system", "content": preamble})
+                messages.insert(0, {"role": "system", "content": preamble.lstrip()})
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
     def generate(self, req: GenRequest) -> dict[str, Any]:
@@ -241,7 +231,8 @@ class Generator:
             out = self.model.generate(ids.to(device), attention_mask=torch.ones_like(ids).to(device), **kwargs)
         new = out[0, ids.shape[1]:].tolist()
         finish = "stop" if new and new[-1] in self.eos else "length"
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        # keep special tokens other than end-of-turn: in some vocabularies (muarl's tiny model) <tool_call> is one
+        text = self.tokenizer.decode([t for t in new if t not in self.eos], skip_special_tokens=False)
         for s in req.stop or []:
             if s in text:
                 text, finish = text[: text.index(s)], "stop"
