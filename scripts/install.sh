@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+export PIP_ROOT_USER_ACTION=ignore  # containers and CI run as root; the warning is noise there
 extras=""
 [[ "${1:-}" == "--dev" ]] && extras="[dev]"
 
