@@ -1,0 +1,70 @@
+"""Pieces every policy-gradient loss here shares: masked means, the k3 KL estimator, clipped ratios."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LossBatch:
+    """Per-token tensors of shape [sequences, tokens] for one update.
+
+    ``mask`` is 1 on the agent's own sampled tokens (the trajectory's loss mask, times 0 for rollouts kept
+    out of the gradient such as simulator faults); ``advantages`` holds each sequence's advantage
+    broadcast to its tokens.
+    """
+
+    logprobs: torch.Tensor  # under the current policy (requires grad)
+    old_logprobs: torch.Tensor  # under the policy that sampled them
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None  # under the reference model, for the KL term
+
+
+@dataclass
+class LossStats:
+    """What a step logs about its loss (all detached floats)."""
+
+    policy_loss: float
+    kl: float
+    clip_fraction: float
+    ratio_mean: float
+    tokens: int
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the positions where ``mask`` is 1 (0 when there are none, not NaN)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate k3 = exp(r) - r - 1 with r = ref - policy log-probs.
+
+    Unbiased, always >= 0, and low-variance (Schulman's "approximating KL divergence"); verl calls it
+    ``low_var_kl``, and MUA-RL uses it with beta 0.001.
+    """
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1
+
+
+def clipped_surrogate(batch: LossBatch, clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped per-token loss, whether clipping was active per token, and the ratio.
+
+    loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A). With clip_high > clip_low
+    this is DAPO's clip-higher, which leaves low-probability tokens more room to grow.
+    """
+    ratio = torch.exp(batch.logprobs - batch.old_logprobs)
+    unclipped = -batch.advantages * ratio
+    clipped = -batch.advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float(), ratio
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """DAPO dynamic sampling: which groups (rows of [groups, members]) are not all-equal.
+
+    An all-correct or all-wrong group has zero advantage everywhere and only dilutes the batch; the
+    trainer drops such groups and samples more until its batch is full.
+    """
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
