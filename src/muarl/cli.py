@@ -135,6 +135,44 @@ def _summary(trajs: list) -> dict:
     }
 
 
+def _synth_cmd(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from muarl.factory import make_policy, make_user
+    from muarl.synth import synthesize
+
+    names = BUILTIN if args.domain == ["all"] else args.domain
+    domains = [get_domain(n) for n in names]
+    teacher = make_policy(args.teacher, temperature=args.temperature, seed=args.seed)
+    report = synthesize(domains, teacher, make_user(args.user), Path(args.out), split=args.split, n=args.n,
+                        families=args.families, exclude=args.exclude_families, seed=args.seed,
+                        concurrency=args.concurrency)
+    table = Table(title=f"cold-start synthesis: {args.teacher} x {args.user} on {args.split}")
+    for col in ("domain/family", "played", "kept"):
+        table.add_column(col)
+    for key in sorted(report.played):
+        table.add_row(key, str(report.played[key]), str(report.kept[key]))
+    console = Console()
+    console.print(table)
+    console.print(f"kept {sum(report.kept.values())} of {sum(report.played.values())}; rejected: "
+                  f"{dict(report.rejected)}; data set: {Path(args.out) / 'sft.jsonl'}")
+    return 0
+
+
+def _init_model_cmd(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from muarl.tiny_model import TinyConfig, build
+
+    config = TinyConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                        intermediate_size=4 * args.hidden_size, num_hidden_layers=args.layers,
+                        num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
+                        head_dim=args.hidden_size // args.heads, seed=args.seed)
+    path = build(Path(args.out), config)
+    print(f"built the embedded model at {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="muarl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +202,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end-on-malformed", action="store_true", help="end an episode on a malformed tool call")
     p.add_argument("--no-required-outputs", action="store_true", help="grade the DB only (training-style)")
     p.set_defaults(func=_rollout_cmd)
+    p = sub.add_parser("synth", help="cold-start data: a teacher plays tasks; clean wins become an SFT data set")
+    p.add_argument("--domain", nargs="+", default=["all"], help="one or more domains, or 'all' (built-ins)")
+    p.add_argument("--split", choices=SPLITS, default="train")
+    p.add_argument("--teacher", default="expert", help="expert | hf:PATH | openai:URL#MODEL")
+    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL")
+    p.add_argument("--n", type=int, default=1, help="episodes per task (independent user seeds)")
+    p.add_argument("--families", nargs="+", help="only these task families")
+    p.add_argument("--exclude-families", nargs="+", help="leave these task families out (for RL to teach)")
+    p.add_argument("--out", required=True, help="writes sft.jsonl, report.json and raw trajectories here")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_synth_cmd)
+    p = sub.add_parser("init-model", help="build the embedded tiny Qwen3 model and its BPE tokenizer")
+    p.add_argument("--out", required=True, help="checkpoint directory to create")
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_init_model_cmd)
     return parser
 
 
@@ -176,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyError as err:  # unknown domain or task: a clear message, not a traceback
         print(f"muarl: error: {err.args[0]}", file=sys.stderr)
         return 2
-    except (SpecError, FileNotFoundError) as err:
+    except (SpecError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"muarl: error: {err}", file=sys.stderr)
         return 2
 

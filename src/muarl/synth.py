@@ -1,0 +1,138 @@
+"""Cold-start synthesis: a teacher plays training tasks against a simulated user; the clean wins are kept.
+
+The teacher is any policy (the scripted expert by default, or an OpenAI-compatible model). A trajectory
+is kept when it scored reward 1, broke no policy rule and had no simulator fault. Kept conversations are
+written as a chat-format JSONL data set (``messages`` + ``tools`` per line, tool-call arguments as JSON
+strings so every line has one schema) that ``datasets.load_dataset("json", data_files=...)`` reads and
+muarl's SFT trains on. Which task families the teacher sees is configurable: the paper's cold-start
+data came from other scenarios than its RL tasks, which leaves RL something to teach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from muarl.domain import Domain
+from muarl.policies.base import Policy
+from muarl.rollout import EpisodeConfig, RolloutEngine
+from muarl.types import Message, Task, Trajectory
+from muarl.users.base import UserSimulator
+
+
+@dataclass
+class SynthReport:
+    """How many episodes were played and kept, per domain and task family."""
+
+    played: Counter = field(default_factory=Counter)
+    kept: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)  # by reason: reward, violation, sim_fault
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"played": dict(self.played), "kept": dict(self.kept), "rejected": dict(self.rejected),
+                "kept_total": sum(self.kept.values()), "played_total": sum(self.played.values())}
+
+
+def select_tasks(tasks: Iterable[Task], families: list[str] | None = None,
+                 exclude: list[str] | None = None) -> list[Task]:
+    """Tasks whose family is in ``families`` (all when None) and not in ``exclude``."""
+    chosen = [t for t in tasks if (families is None or t.family in families) and t.family not in (exclude or [])]
+    if not chosen:
+        raise ValueError(f"no task left after selecting families {families} and excluding {exclude}")
+    return chosen
+
+
+def reject_reason(traj: Trajectory) -> str | None:
+    """Why a trajectory is not clean training data, or None when it is."""
+    if traj.sim_fault:
+        return "sim_fault"
+    if traj.reward is None or traj.reward.reward != 1.0:
+        return "reward"
+    if traj.reward.violations:
+        return "violation"
+    return None
+
+
+def to_chat_record(domain: Domain, task: Task, traj: Trajectory) -> dict[str, Any]:
+    """One data-set line: the conversation in the chat-template format, with the tools the agent had."""
+    return {
+        "domain": domain.name,
+        "task_id": task.id,
+        "family": task.family,
+        "tools": [t.spec.openai_schema() for t in domain.tools],
+        "messages": [_chat_message(m) for m in traj.messages],
+    }
+
+
+def _chat_message(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                             for c in m.tool_calls]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id or ""
+        out["name"] = m.name or ""
+    return out
+
+
+def from_chat_record(record: dict[str, Any]) -> list[Message]:
+    """The muarl messages of a data-set line (the inverse of :func:`to_chat_record`)."""
+    from muarl.types import ToolCall
+
+    messages = []
+    for m in record["messages"]:
+        calls = [ToolCall(id=c.get("id") or f"call_{i}", name=c["function"]["name"],
+                          arguments=json.loads(c["function"]["arguments"] or "{}"))
+                 for i, c in enumerate(m.get("tool_calls") or [])]
+        messages.append(Message(role=m["role"], content=m.get("content") or "", tool_calls=calls,
+                                tool_call_id=m.get("tool_call_id") or None, name=m.get("name") or None))
+    return messages
+
+
+def synthesize(
+    domains: list[Domain],
+    teacher: Policy,
+    user: UserSimulator,
+    out: Path,
+    split: str = "train",
+    n: int = 1,
+    families: list[str] | None = None,
+    exclude: list[str] | None = None,
+    seed: int = 0,
+    concurrency: int = 64,
+    progress: bool = True,
+) -> SynthReport:
+    """Play every selected task ``n`` times per domain and write ``out/sft.jsonl`` and ``out/report.json``.
+
+    Raw trajectories go to ``out/trajectories/<domain>.jsonl`` as they finish, so an interrupted
+    synthesis resumes where it stopped; the data set is rewritten from them at the end.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trajectories").mkdir(exist_ok=True)
+    report = SynthReport()
+    lines: list[str] = []
+    for domain in domains:
+        tasks = select_tasks(domain.tasks(split), families, exclude)
+        engine = RolloutEngine(domain, teacher, user, EpisodeConfig(require_outputs=True), group_size=n,
+                               concurrency=concurrency, common_user_seed=False, seed=seed,
+                               out=out / "trajectories" / f"{domain.name}.jsonl", progress=progress)
+        groups = asyncio.run(engine.run(tasks))
+        for task, group in zip(tasks, groups, strict=True):
+            for traj in group:
+                key = f"{domain.name}/{task.family}"
+                report.played[key] += 1
+                reason = reject_reason(traj)
+                if reason:
+                    report.rejected[reason] += 1
+                    continue
+                report.kept[key] += 1
+                lines.append(json.dumps(to_chat_record(domain, task, traj), ensure_ascii=False))
+    (out / "sft.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+    (out / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
+    return report

@@ -1,0 +1,72 @@
+"""Cold-start synthesis: clean teacher wins become a chat-format data set that `datasets` loads."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from muarl.domain import get_domain
+from muarl.policies.expert import ExpertPolicy
+from muarl.rollout import load_trajectories
+from muarl.synth import from_chat_record, synthesize
+from muarl.users.scripted import ScriptedUser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_synthesis_keeps_clean_wins_and_datasets_loads_them(tmp_path):
+    import datasets
+
+    domains = [get_domain("retail"), get_domain("telecom")]
+    report = synthesize(domains, ExpertPolicy(), ScriptedUser(), tmp_path, exclude=["change_of_mind", "earbuds_blue"],
+                        progress=False)
+    lines = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert len(lines) == sum(report.kept.values()) > 300
+    assert not {r["family"] for r in lines} & {"change_of_mind", "earbuds_blue"}
+    assert {r["domain"] for r in lines} == {"retail", "telecom"}
+    assert json.loads((tmp_path / "report.json").read_text())["kept_total"] == len(lines)
+
+    data = datasets.load_dataset("json", data_files=str(tmp_path / "sft.jsonl"), split="train")
+    assert len(data) == len(lines) and {"messages", "tools", "family"} <= set(data.column_names)
+
+    # every kept line is exactly its recorded trajectory's conversation
+    raw = {}
+    for domain in domains:
+        raw.update(load_trajectories(tmp_path / "trajectories" / f"{domain.name}.jsonl"))
+    for record in lines[:50]:
+        traj = raw[(record["task_id"], 0)]
+        assert traj.reward.reward == 1.0 and not traj.reward.violations
+        assert from_chat_record(record) == traj.messages
+
+
+def test_unclean_teacher_episodes_are_rejected(tmp_path):
+    report = synthesize([get_domain("airline")], ExpertPolicy(skip_confirmation=True), ScriptedUser(), tmp_path,
+                        families=["change_of_mind", "cancel_eligible", "info_request"], progress=False)
+    assert report.rejected["violation"] + report.rejected["reward"] > 0
+    kept = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    # only tasks without writes can be clean for a teacher that never asks for confirmation
+    assert all(r["family"] == "info_request" for r in kept)
+
+
+def test_synth_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "muarl", "synth", "--domain", "airline", "--families", "add_baggage",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "airline/add_baggage" in out.stdout and (tmp_path / "sft.jsonl").exists()
+    bad = subprocess.run([sys.executable, "-m", "muarl", "synth", "--domain", "airline", "--families", "nope",
+                          "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no task left" in bad.stderr
+
+
+def test_init_model_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "m"), "--hidden-size",
+                          "32", "--layers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    from muarl.models import load
+
+    model, tokenizer = load(tmp_path / "m")
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+    assert type(model).__name__ == "Qwen3ForCausalLM" and "<tool_call>" in tokenizer.get_vocab()
+    again = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "m")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "exists" in again.stderr
