@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from muarl.types import Intent, Task
-from muarl.users.base import Act, UserReply, UserSession, UserSimulator
+from muarl.users.base import Act, SimulatorFault, UserReply, UserSession, UserSimulator
 
 STOP = "###STOP###"
 MAX_AGENT_CHARS = 20_000
@@ -274,9 +274,8 @@ class ScriptedSession(UserSession):
         text = norm(agent_text if isinstance(agent_text, str) else "")[:MAX_AGENT_CHARS]
         try:
             reply = await self._respond(text, act)
-        except Exception as err:  # never crash an episode on odd input: end it politely instead
-            return UserReply(text=f"Sorry, something went wrong on my side. {STOP}", stop="stop",
-                             metadata={"error": f"{type(err).__name__}: {err}"})
+        except Exception as err:  # a bug of ours, not the agent's fault: a sim fault, kept out of training
+            raise SimulatorFault(f"scripted user failed on {agent_text[:80]!r}: {type(err).__name__}: {err}") from err
         if reply.stop is None and self.replies >= self.max_replies:
             return self._stop("This is taking too long; I'll try again another time.")
         return reply
