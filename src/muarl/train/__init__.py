@@ -1,0 +1,1 @@
+"""Training: data preparation, packing, and (next) the SFT and GRPO loops."""

@@ -1,0 +1,91 @@
+"""Sequence packing: several conversations per row, each attending only to itself.
+
+Padding every conversation to the longest in a batch wastes compute on pad tokens; packing fills rows
+with whole conversations (first-fit decreasing), resets position ids at each conversation's start and
+builds a block-diagonal causal mask, so each token sees exactly what it would see alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from muarl.train.data import Example
+
+
+@dataclass
+class Batch:
+    """Model inputs for one forward pass, and the mask of tokens whose prediction has loss."""
+
+    input_ids: torch.Tensor  # [rows, length]
+    position_ids: torch.Tensor  # [rows, length]
+    attention_mask: torch.Tensor  # [rows, 1, length, length] bool, True = may attend
+    loss_mask: torch.Tensor  # [rows, length] float, 1 where the token is a target
+    real: torch.Tensor  # [rows, length] bool, False on padding
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.real.sum())
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1 - self.real_tokens / self.input_ids.numel()
+
+
+def plan_rows(lengths: list[int], max_len: int) -> list[list[int]]:
+    """Group example indices into rows of at most ``max_len`` tokens (first-fit decreasing)."""
+    too_long = [n for n in lengths if n > max_len]
+    if too_long:
+        raise ValueError(f"{len(too_long)} example(s) longer than max_len={max_len} (longest {max(too_long)}); "
+                         "raise max_len or drop them")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if slot is None:
+            rows.append([i])
+            room.append(max_len - lengths[i])
+        else:
+            rows[slot].append(i)
+            room[slot] -= lengths[i]
+    return rows
+
+
+def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> Batch:
+    """Build the tensors for ``rows`` of examples (one example per row gives plain padding)."""
+    width = max(sum(len(examples[i]) for i in row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    segment = torch.full((len(rows), width), -1, dtype=torch.long)
+    loss = torch.zeros((len(rows), width))
+    for r, row in enumerate(rows):
+        start = 0
+        for k, i in enumerate(row):
+            ex = examples[i]
+            end = start + len(ex)
+            ids[r, start:end] = torch.tensor(ex.ids)
+            positions[r, start:end] = torch.arange(len(ex))
+            segment[r, start:end] = k
+            loss[r, start:end] = torch.tensor(ex.mask, dtype=torch.float)
+            start = end
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    same = (segment.unsqueeze(2) == segment.unsqueeze(1)) & (segment.unsqueeze(2) >= 0)
+    # a padding position attends to itself only, so no softmax row is empty
+    attention = (same & causal) | torch.eye(width, dtype=torch.bool)
+    return Batch(ids, positions, attention.unsqueeze(1), loss, segment >= 0)
+
+
+def token_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+    """Sum of next-token cross-entropies over target tokens, and how many there were.
+
+    A target is a token with loss mask 1; its prediction comes from the previous position, which always
+    belongs to the same conversation (a conversation's first token is never a target).
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids).logits[:, :-1].float()
+    targets = batch.input_ids[:, 1:]
+    weights = batch.loss_mask[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                           reduction="none").view_as(weights)
+    return (ce * weights).sum(), int(weights.sum())
