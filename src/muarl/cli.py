@@ -159,6 +159,17 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft_cmd(args: argparse.Namespace) -> int:
+    from muarl.train.sft import preset, train_sft
+
+    config = preset(args.preset, model=args.model, data=args.data, out=args.out, epochs=args.epochs, lr=args.lr,
+                    batch_size=args.batch_size, max_len=args.max_len, seed=args.seed)
+    result = train_sft(config)
+    Console().print(f"SFT: {result['steps']} steps, loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
+                    f"checkpoint {result['checkpoint']} (use it as --policy hf:{result['checkpoint']})")
+    return 0
+
+
 def _init_model_cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -215,6 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth_cmd)
+    p = sub.add_parser("sft", help="supervised fine-tuning on a synthesized data set (loss on agent tokens only)")
+    p.add_argument("--data", nargs="+", required=True, help="sft.jsonl file(s) written by `muarl synth`")
+    p.add_argument("--model", default="tiny", help="checkpoint directory, or tiny / smollm2")
+    p.add_argument("--preset", default="tiny", help="paper (lr 5e-6 cosine, 2 epochs, batch 128) or tiny")
+    p.add_argument("--out", required=True, help="run directory: model/, metrics.jsonl, config.json")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--batch-size", type=int, help="conversations per optimizer step")
+    p.add_argument("--max-len", type=int, help="tokens per packed row")
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=_sft_cmd)
     p = sub.add_parser("init-model", help="build the embedded tiny Qwen3 model and its BPE tokenizer")
     p.add_argument("--out", required=True, help="checkpoint directory to create")
     p.add_argument("--hidden-size", type=int, default=64)
