@@ -524,6 +524,10 @@ class HFPolicy(Policy):
         stop = ChatFormat(self.tokenizer, []).stop_ids
         self.engine = BatchedGenerator(self.model, stop, temperature, top_p, max_batch)
 
+    def weights_updated(self) -> None:
+        """Call after changing the model's weights (a training step): cached prefix KV is stale then."""
+        self.engine.prefix = None
+
     def chat_format(self, domain: Domain) -> ChatFormat:
         if domain.name not in self._formats:
             self._formats[domain.name] = ChatFormat(self.tokenizer, [t.spec for t in domain.tools])
