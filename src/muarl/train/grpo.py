@@ -15,7 +15,7 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.policies.hf import HFPolicy
 from muarl.rollout import EpisodeConfig, RolloutEngine
+from muarl.train import from_preset
 from muarl.types import Trajectory
 
 
@@ -189,6 +190,4 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
 
 
 def preset(name: str, **overrides: Any) -> GRPOConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown GRPO preset {name!r}; choose from {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    return from_preset(PRESETS, name, "GRPO", **overrides)

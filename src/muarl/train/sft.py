@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record
+from muarl.train import from_preset
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.types import ToolSpec
@@ -161,6 +162,4 @@ class _bar:
 
 
 def preset(name: str, **overrides: Any) -> SFTConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown SFT preset {name!r}; choose from {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    return from_preset(PRESETS, name, "SFT", **overrides)
