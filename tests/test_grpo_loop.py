@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from muarl.models import load
@@ -82,3 +83,13 @@ def test_first_update_is_on_policy():
         current, _ = sequence_logprobs(model, traj.token_ids, 1.0)
     mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
     assert torch.allclose(current[mask], torch.tensor(traj.logprobs)[mask], atol=2e-3)
+
+
+@pytest.mark.slow
+def test_one_grpo_step_with_smollm2(tmp_path):
+    config = preset("tiny", model="smollm2", out=str(tmp_path), steps=1, tasks_per_step=1, group_size=2,
+                    max_new_tokens=16, max_turns=2, lr=1e-5)
+    result = train_grpo(config, progress=False)
+    [m] = result["metrics"]
+    assert m["trained_sequences"] == 2 and m["update_s"] > 0 and m["response_tokens"] > 0
+    assert (tmp_path / "model" / "config.json").exists()

@@ -54,6 +54,7 @@ class GRPOConfig:
     max_turns: int = 30
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update
     mask_sim_faults: bool = True
+    gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
     seed: int = 0
 
 
@@ -63,14 +64,25 @@ PRESETS: dict[str, GRPOConfig] = {
 }
 
 
-def sequence_logprobs(model: Any, ids: list[int], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probabilities of ``ids`` under ``model`` (position 0 gets 0) and per-token entropy."""
-    logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0, :-1].float()
+def sequence_logprobs(model: Any, ids: list[int], temperature: float,
+                      mask: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probabilities of ``ids`` under ``model`` and the entropy of each prediction.
+
+    Only positions where ``mask`` is 1 are scored (others get 0): the output head runs on the hidden
+    states that predict agent tokens only, which in these conversations are a few percent of all tokens,
+    so the vocabulary-sized logits are never built for the long prompt.
+    """
+    device = next(model.parameters()).device
+    targets = [p for p in range(1, len(ids)) if mask is None or mask[p]]
+    hidden = model.model(input_ids=torch.tensor([ids], device=device)).last_hidden_state[0]
+    logits = model.get_output_embeddings()(hidden[[p - 1 for p in targets]]).float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
-    chosen = logp.gather(-1, torch.tensor(ids[1:], device=logits.device).unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    zero = chosen.new_zeros(1)
-    return torch.cat([zero, chosen]), torch.cat([zero, entropy.detach()])
+    chosen = logp.gather(-1, torch.tensor([ids[p] for p in targets], device=device).unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1).detach()
+    index = torch.tensor(targets, device=device, dtype=torch.long)
+    full = torch.zeros(len(ids), device=device).index_put((index,), chosen)
+    ent = torch.zeros(len(ids), device=device).index_put((index,), entropy)
+    return full, ent
 
 
 def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -105,12 +117,13 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     """
     began = time.perf_counter()
     with torch.no_grad():
-        ref = [sequence_logprobs(reference, t.token_ids, config.temperature)[0] for t, _ in batch]
+        ref = [sequence_logprobs(reference, t.token_ids, config.temperature, t.loss_mask)[0] for t, _ in batch]
     ref_s = time.perf_counter() - began
     began = time.perf_counter()
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    current, entropy = zip(*(sequence_logprobs(model, t.token_ids, config.temperature) for t, _ in batch), strict=True)
+    current, entropy = zip(*(sequence_logprobs(model, t.token_ids, config.temperature, t.loss_mask) for t, _ in batch),
+                           strict=True)
     width = max(len(t.token_ids) for t, _ in batch)
     mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t, _ in batch], width)
     loss_batch = LossBatch(
@@ -143,6 +156,11 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model, tokenizer = load(config.model)
     reference = copy.deepcopy(model).eval().requires_grad_(False)  # the starting (cold-start) model
+    if config.gradient_checkpointing:  # active in train mode only: generation keeps its KV cache
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     domain = get_domain(config.domain)
     policy = HFPolicy((model, tokenizer), temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                       seed=config.seed)
