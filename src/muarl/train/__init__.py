@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -13,3 +15,24 @@ def from_preset(presets: dict[str, T], name: str, kind: str, **overrides: Any) -
     if name not in presets:
         raise ValueError(f"unknown {kind} preset {name!r}; choose from {', '.join(presets)}")
     return replace(presets[name], **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[type-var]
+
+
+def start_run(config: Any) -> tuple[Path, Any, Any]:
+    """Create the run directory, record the resolved config, seed torch, load (model, tokenizer)."""
+    import torch
+
+    from muarl.models import load
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
+    torch.manual_seed(config.seed)
+    model, tokenizer = load(config.model)
+    return out, model, tokenizer
+
+
+def save_model(out: Path, model: Any, tokenizer: Any) -> Path:
+    """Save the trained model as an ordinary HF checkpoint at ``out/model``."""
+    model.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    return out / "model"

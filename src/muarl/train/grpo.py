@@ -15,8 +15,7 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.policies.hf import HFPolicy
 from muarl.rollout import EpisodeConfig, RolloutEngine
-from muarl.train import from_preset
+from muarl.train import from_preset, save_model, start_run
 from muarl.types import Trajectory
 
 
@@ -148,13 +147,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     """Run GRPO; writes ``out/model``, ``out/metrics.jsonl``, ``out/config.json`` and TensorBoard events."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from muarl.models import load
-
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
-    torch.manual_seed(config.seed)
-    model, tokenizer = load(config.model)
+    out, model, tokenizer = start_run(config)
     reference = copy.deepcopy(model).eval().requires_grad_(False)  # the starting (cold-start) model
     if config.gradient_checkpointing:  # active in train mode only: generation keeps its KV cache
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
@@ -202,9 +195,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                     writer.add_scalar(key, value, step + 1)
             history.append(record)
     writer.close()
-    model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
-    return {"steps": len(history), "checkpoint": str(out / "model"), "metrics": history}
+    checkpoint = save_model(out, model, tokenizer)
+    return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history}
 
 
 def preset(name: str, **overrides: Any) -> GRPOConfig:

@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record
-from muarl.train import from_preset
+from muarl.train import from_preset, save_model, start_run
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.types import ToolSpec
@@ -85,13 +85,7 @@ def cosine(step: int, total: int, warmup: int) -> float:
 
 def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """Run SFT; writes ``out/model`` (checkpoint), ``out/metrics.jsonl`` and ``out/config.json``."""
-    from muarl.models import load
-
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
-    torch.manual_seed(config.seed)
-    model, tokenizer = load(config.model)
+    out, model, tokenizer = start_run(config)
     model.train()
     examples = load_examples(config.data, tokenizer)
     longest = max(len(e) for e in examples)
@@ -133,10 +127,9 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 log.flush()
                 history.append(record)
                 advance(record)
-    model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+    checkpoint = save_model(out, model, tokenizer)
     return {"steps": step, "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
-            "checkpoint": str(out / "model")}
+            "checkpoint": str(checkpoint)}
 
 
 class _bar:
