@@ -272,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_init_model_cmd)
+    # Commands defined in their own modules; each adds its subparsers (one line per module below).
+    # -- demo (issue 4) --
+    # -- eval / compare / chat / view (issue 5) --
+    # -- serve-mcp (issue 6) --
     return parser
 
 
