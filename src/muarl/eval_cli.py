@@ -1,0 +1,215 @@
+"""``muarl eval``, ``muarl compare`` and ``muarl chat``: the evaluation commands (issue 5).
+
+Kept out of cli.py so they can change without touching the shared parser; ``add_commands`` registers
+their subparsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from muarl.types import SPLITS
+
+POLICIES = "expert | expert-noconfirm | hf:PATH | openai:URL#MODEL"
+
+
+def _episode_config(args: argparse.Namespace) -> Any:
+    from muarl.rollout import EpisodeConfig
+
+    return EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
+                         require_outputs=not args.no_required_outputs)
+
+
+def _check_positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+
+
+def _eval_cmd(args: argparse.Namespace) -> int:
+    from muarl.domain import get_domain
+    from muarl.evaluate import REPORT, RESULTS, TRAJECTORIES, evaluate
+    from muarl.factory import make_policy, make_user
+
+    _check_positive(args, "k", "limit", "concurrency", "max_turns", "max_new_tokens")
+    domain = get_domain(args.domain)
+    tasks = domain.tasks(args.split)
+    if args.tasks:
+        by_id = {t.id: t for t in domain.tasks()}
+        missing = [t for t in args.tasks if t not in by_id]
+        if missing:
+            raise ValueError(f"domain {domain.name} has no task(s) {', '.join(missing)} "
+                             f"(e.g. {', '.join(t.id for t in tasks[:3])})")
+        tasks = [by_id[t] for t in dict.fromkeys(args.tasks)]
+    if args.limit:
+        tasks = tasks[: args.limit]
+    policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                         seed=args.seed)
+    user = make_user(args.user)
+    meta = {"policy": args.policy, "user": args.user, "temperature": args.temperature,
+            "max_new_tokens": args.max_new_tokens, "split": "+".join(sorted({t.split for t in tasks}))}
+    out = Path(args.out)
+    result = evaluate(domain, policy, user, tasks, k=args.k, out_dir=out, config=_episode_config(args),
+                      seed=args.seed, concurrency=args.concurrency, progress=not args.quiet,
+                      sim_faults=args.sim_faults, meta=meta)
+    console = Console()
+    print_metrics(console, result)
+    if args.show_tasks:
+        print_tasks(console, result)
+    t = result.timing
+    console.print(f"{t['episodes_run']} episodes played, {t['episodes_resumed']} already done, in "
+                  f"{t['wall_s']:.1f} s; wrote {out / RESULTS}, {out / REPORT} and {out / TRAJECTORIES}")
+    if result.metrics["sim_fault_rate"]:
+        console.print(f"[yellow]{result.metrics['sim_fault_rate']:.1%} of episodes were simulator faults "
+                      f"({args.sim_faults}d from the metrics)[/yellow]")
+    return 0
+
+
+def print_metrics(console: Console, result: Any) -> None:
+    """The headline metrics, stop reasons and tool-call mix of one evaluation."""
+    m, c, k = result.metrics, result.config, result.k
+    keys = [f"pass^{j}" for j in range(1, k + 1)] + ["accuracy", "tcr", "avg_turns", "violation_rate",
+                                                      "transfer_rate", "sim_fault_rate"]
+    table = Table(title=f"eval {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}, "
+                        f"{m['tasks']} tasks, {m['episodes']} episodes")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in keys:
+        table.add_row(key.replace("_", " "), _fmt(m[key]))
+    console.print(table)
+    console.print("stop reasons: " + ", ".join(f"{r} {n}" for r, n in m["stop_reasons"].items()))
+    calls = sorted(m["tool_calls"].items(), key=lambda kv: -kv[1])
+    console.print("agent tool calls per trial: " + ", ".join(f"{n} {v:.2f}" for n, v in calls))
+    if m.get("violations"):
+        console.print("violations: " + ", ".join(f"{kind} {n}" for kind, n in m["violations"].items()))
+
+
+def print_tasks(console: Console, result: Any) -> None:
+    passes = [f"pass^{j}" for j in range(1, result.k + 1)]
+    table = Table(title="per task")
+    for col in ("task", "family", "trials", "successes", *passes, "tcr", "turns", "violations"):
+        table.add_column(col)
+    for r in result.tasks:
+        table.add_row(r["task_id"], r["family"], str(r["trials"]), str(r["successes"]),
+                      *(_fmt(r[p]) for p in passes), _fmt(r["tcr"]), _fmt(r["avg_turns"]), str(r["violations"]))
+    console.print(table)
+
+
+def _compare_cmd(args: argparse.Namespace) -> int:
+    from muarl.compare import compare_runs, load_run
+
+    _check_positive(args, "samples")
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"--confidence must be between 0 and 1 (got {args.confidence})")
+    run_a, run_b = load_run(args.run_a), load_run(args.run_b)
+    report = compare_runs(run_a, run_b, args.metrics, samples=args.samples, seed=args.seed,
+                          confidence=args.confidence)
+    report.update({"run_a": args.run_a, "run_b": args.run_b})
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    console = Console()
+    pct = f"{report['confidence']:.0%}"
+    table = Table(title=f"{args.run_b} (B) vs {args.run_a} (A): {report['domain']}, {report['shared_tasks']} shared "
+                        f"tasks, paired bootstrap over tasks ({report['samples']} resamples)")
+    for col in ("metric", "A", "B", "B - A", f"{pct} CI", "excludes 0", "tasks"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for d in report["metrics"]:
+        mark = ("[green]yes[/green]" if d["diff"] > 0 else "[red]yes[/red]") if d["excludes_zero"] else "no"
+        table.add_row(d["metric"], _fmt(d["a"]), _fmt(d["b"]), f"{d['diff']:+.3f}",
+                      f"[{d['low']:+.3f}, {d['high']:+.3f}]", mark, str(d["tasks"]))
+    console.print(table)
+    if report["only_a"] or report["only_b"]:
+        console.print(f"[yellow]{report['only_a']} task(s) only in A and {report['only_b']} only in B were left "
+                      "out[/yellow]")
+    sig = [d["metric"] for d in report["metrics"] if d["excludes_zero"]]
+    console.print("differences whose interval excludes 0: " + (", ".join(sig) if sig else "none"))
+    return 0
+
+
+def _chat_cmd(args: argparse.Namespace) -> int:
+    from muarl.domain import get_domain
+    from muarl.factory import make_policy
+    from muarl.human import run_chat
+
+    _check_positive(args, "max_turns", "max_new_tokens")
+    domain = get_domain(args.domain)
+    if args.task:
+        task = domain.task(args.task)
+    else:
+        tasks = domain.tasks(args.split)
+        if not tasks:
+            raise ValueError(f"domain {domain.name} has no {args.split} tasks")
+        task = tasks[0]
+    policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                         seed=args.seed)
+    run_chat(domain, task, policy, config=_episode_config(args), save=args.save)
+    return 0
+
+
+def _episode_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-turns", type=int, default=30, help="tool executions + user replies per episode")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="per assistant message (token backends)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of model backends (default 0: greedy, as the paper validates)")
+    p.add_argument("--seed", type=int, default=0, help="user seeds and model sampling derive from it")
+    p.add_argument("--end-on-malformed", action="store_true", help="end an episode on a malformed tool call")
+    p.add_argument("--no-required-outputs", action="store_true",
+                   help="grade the database only (default: required outputs must be said, as in evaluation)")
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``eval``, ``compare`` and ``chat`` to the ``muarl`` subcommands."""
+    from muarl.evaluate import SIM_FAULT_MODES
+
+    p = sub.add_parser("eval", help="evaluate a policy against a user: pass^1..pass^k, accuracy, TCR, ... "
+                                    "(resumable)")
+    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`)")
+    p.add_argument("--split", choices=SPLITS, default="test")
+    p.add_argument("--policy", default="expert", help=POLICIES)
+    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | replay:FILE.jsonl")
+    p.add_argument("--k", type=int, default=4, help="trials per task (each with its own user seed); pass^1..pass^k")
+    p.add_argument("--out", required=True,
+                   help="run directory: results.json, results.md, trajectories.jsonl; rerun it to resume")
+    p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--tasks", nargs="+", metavar="ID", help="only these task ids (any split)")
+    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once")
+    p.add_argument("--sim-faults", choices=SIM_FAULT_MODES, default="exclude",
+                   help="simulator-fault episodes: left out of the metrics (default) or counted as failures")
+    p.add_argument("--show-tasks", action="store_true", help="also print the per-task table")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _episode_options(p)
+    p.set_defaults(func=_eval_cmd)
+
+    p = sub.add_parser("compare", help="per-metric differences of two eval runs with paired bootstrap CIs")
+    p.add_argument("run_a", help="baseline run directory (or its results.json)")
+    p.add_argument("run_b", help="the run compared with it; differences are B - A")
+    p.add_argument("--metrics", nargs="+", help="default: pass^1..pass^k (k shared), accuracy, tcr, avg_turns, "
+                                                "violation_rate, transfer_rate")
+    p.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples")
+    p.add_argument("--confidence", type=float, default=0.95, help="interval coverage")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_compare_cmd)
+
+    p = sub.add_parser("chat", help="play the user yourself against any policy; tool calls shown as they happen")
+    p.add_argument("--domain", required=True)
+    p.add_argument("--task", help="task id (default: the first task of --split)")
+    p.add_argument("--split", choices=SPLITS, default="test")
+    p.add_argument("--policy", default="expert", help=POLICIES)
+    p.add_argument("--save", help="append the scored conversation to this JSONL file (a trajectory per line)")
+    _episode_options(p)
+    p.set_defaults(func=_chat_cmd)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)

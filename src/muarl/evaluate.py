@@ -1,0 +1,412 @@
+"""Evaluation: k trials of every task by any policy against any user, and the metrics tau-bench reports.
+
+:func:`evaluate` plays ``k`` trials per task with the :class:`~muarl.rollout.RolloutEngine` (a trial is a
+group member, each with its own user seed, so the k trials are k independent conversations) and
+summarises them. With ``out_dir`` every finished trajectory is appended to ``trajectories.jsonl`` the
+moment it ends, so a killed evaluation loses nothing and a rerun with the same directory plays only the
+missing trials; the metrics are computed from the trajectories in task and trial order, never in
+completion order, so a resumed run reports exactly what an uninterrupted one would.
+
+Simulator faults (the user simulator broke after its retries) are by default *left out* of every
+denominator: such an episode says nothing about the agent, the training loop masks it for the same
+reason, and ``sim_fault_rate`` reports how many there were so nothing is hidden. ``sim_faults="fail"``
+counts them as failed trials instead (tau-bench counts every episode), for comparisons with numbers
+computed that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from muarl.domain import Domain
+from muarl.policies.base import Policy
+from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
+from muarl.types import Task, Trajectory
+from muarl.users.base import UserSimulator
+
+SimFaults = Literal["exclude", "fail"]
+SIM_FAULT_MODES: tuple[str, ...] = ("exclude", "fail")
+#: Options that change what a trial plays; a rerun into a directory evaluated with other values is refused
+#: (mixing their trajectories would make the metrics meaningless). k, the task list, concurrency and the
+#: sim-fault rule may change: new trials are added, and the metrics are recomputed from the trajectories.
+IDENTITY_KEYS: tuple[str, ...] = ("domain", "policy", "user", "seed", "max_turns", "end_on_malformed",
+                                  "require_outputs", "temperature", "top_p", "max_new_tokens")
+RESULTS, REPORT, TRAJECTORIES, RUN_CONFIG = "results.json", "results.md", "trajectories.jsonl", "config.json"
+
+
+# -- metrics -------------------------------------------------------------------------------------------------
+def pass_hat_k(n: int, c: int, k: int) -> float | None:
+    """tau-bench's pass^k for one task with ``n`` trials of which ``c`` succeeded.
+
+    The probability that ``k`` trials drawn without replacement from the ``n`` all succeed:
+    C(c, k) / C(n, k). It is 0 when c < k and undefined (None) when fewer than k trials exist.
+    """
+    if k < 1 or n < 0 or not 0 <= c <= n:
+        raise ValueError(f"pass^k needs k >= 1 and 0 <= c <= n (got n={n}, c={c}, k={k})")
+    if n < k:
+        return None
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def _counts(traj: Trajectory, sim_faults: SimFaults) -> bool:
+    """Whether an episode is a trial that enters the denominators."""
+    return not (traj.sim_fault and sim_faults == "exclude")
+
+
+def _reward(traj: Trajectory) -> float:
+    """The trial's reward; a simulator fault that is counted is a failure whatever the final DB says."""
+    if traj.sim_fault or traj.reward is None:
+        return 0.0
+    return traj.reward.reward
+
+
+def _tcr(traj: Trajectory) -> float:
+    if traj.sim_fault or traj.reward is None:
+        return 0.0
+    return traj.reward.tcr
+
+
+def _violated(traj: Trajectory) -> bool:
+    return traj.reward is not None and bool(traj.reward.violations)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return _round(sum(values) / len(values)) if values else None
+
+
+def _round(x: float) -> float:
+    return round(x, 6)
+
+
+def task_row(task_id: str, family: str, trajs: Sequence[Trajectory], k: int,
+             sim_faults: SimFaults = "exclude") -> dict[str, Any]:
+    """One task's line of the per-task table (``trajs`` in trial order)."""
+    trials = [t for t in trajs if _counts(t, sim_faults)]
+    n = len(trials)
+    c = sum(_reward(t) >= 1.0 for t in trials)
+    row: dict[str, Any] = {"task_id": task_id, "family": family, "trials": n, "successes": c}
+    for j in range(1, k + 1):
+        v = pass_hat_k(n, c, j)
+        row[f"pass^{j}"] = None if v is None else _round(v)
+    violations = sum(_violated(t) for t in trials)
+    row.update({
+        "accuracy": _mean([_reward(t) for t in trials]),
+        "tcr": _mean([_tcr(t) for t in trials]),
+        "avg_turns": _mean([t.turns for t in trials]),
+        "violations": violations,
+        "violation_rate": _round(violations / n) if n else None,
+        "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
+        "sim_faults": sum(t.sim_fault for t in trajs),
+        "rewards": [_reward(t) if _counts(t, sim_faults) else None for t in trajs],
+    })
+    return row
+
+
+def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str], k: int,
+              sim_faults: SimFaults = "exclude") -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """(metrics, per-task rows, per-family metrics) of one evaluation; ``groups`` holds each task's trials.
+
+    Episode-level means (accuracy, TCR, turns, rates, tool calls) are over trials, i.e. over every episode
+    except, with ``sim_faults="exclude"``, simulator faults; ``pass^j`` is the mean over the tasks that have
+    at least j trials; ``stop_reasons`` and ``sim_fault_rate`` count every episode.
+    """
+    if sim_faults not in SIM_FAULT_MODES:
+        raise ValueError(f"sim_faults must be one of {SIM_FAULT_MODES}, not {sim_faults!r}")
+    everything = [t for g in groups for t in g]
+    trials = [t for t in everything if _counts(t, sim_faults)]
+    rows = [task_row(g[0].task_id, families.get(g[0].task_id, ""), g, k, sim_faults) for g in groups if g]
+    metrics: dict[str, Any] = {}
+    pass_tasks: dict[str, int] = {}
+    for j in range(1, k + 1):
+        values = [r[f"pass^{j}"] for r in rows if r[f"pass^{j}"] is not None]
+        metrics[f"pass^{j}"] = _mean(values)
+        pass_tasks[f"pass^{j}"] = len(values)
+    n = len(trials)
+    agent_calls: Counter[str] = Counter()
+    user_calls: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    for t in trials:
+        for record in t.tool_log:
+            (agent_calls if record.actor == "agent" else user_calls)[record.name] += 1
+        if t.reward is not None:
+            kinds.update(v.kind for v in t.reward.violations)
+    metrics.update({
+        "accuracy": _mean([_reward(t) for t in trials]),
+        "tcr": _mean([_tcr(t) for t in trials]),
+        "avg_turns": _mean([t.turns for t in trials]),
+        "tool_calls": {name: _round(c / n) for name, c in sorted(agent_calls.items())} if n else {},
+        "user_tool_calls": {name: _round(c / n) for name, c in sorted(user_calls.items())} if n else {},
+        "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
+        "violation_rate": _mean([float(_violated(t)) for t in trials]),
+        "violations": dict(sorted(kinds.items())),
+        "db_match_rate": _mean([float(not t.sim_fault and t.reward is not None and t.reward.db_match)
+                                for t in trials]),
+        "malformed_calls": _mean([t.malformed_calls for t in trials]),
+        "sim_fault_rate": _mean([float(t.sim_fault) for t in everything]),
+        "stop_reasons": dict(Counter(t.stop_reason for t in everything).most_common()),
+        "episodes": len(everything),
+        "trials": n,
+        "tasks": len(rows),
+        "pass_tasks": pass_tasks,
+    })
+    by_family: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_family.setdefault(row["family"], []).append(row)
+    fams = {}
+    for name, fam_rows in sorted(by_family.items()):
+        entry: dict[str, Any] = {"tasks": len(fam_rows), "trials": sum(r["trials"] for r in fam_rows)}
+        for j in range(1, k + 1):
+            entry[f"pass^{j}"] = _mean([r[f"pass^{j}"] for r in fam_rows if r[f"pass^{j}"] is not None])
+        entry["accuracy"] = _mean([x for r in fam_rows for x in r["rewards"] if x is not None])
+        fams[name] = entry
+    return metrics, rows, fams
+
+
+# -- results -------------------------------------------------------------------------------------------------
+@dataclass
+class EvalResult:
+    """An evaluation: its configuration, the metrics, the per-task table and every trajectory."""
+
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    tasks: list[dict[str, Any]]
+    trajectories: list[list[Trajectory]] = field(default_factory=list)
+    families: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``results.json`` holds (trajectories live in ``trajectories.jsonl``)."""
+        return {"config": self.config, "metrics": self.metrics, "families": self.families, "tasks": self.tasks,
+                "timing": self.timing}
+
+    def write(self, out_dir: str | Path) -> None:
+        """Write results.json and results.md (atomically), and trajectories.jsonl when it is not there yet."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.trajectories and not (out / TRAJECTORIES).exists():
+            _atomic_write(out / TRAJECTORIES, "".join(t.model_dump_json() + "\n"
+                                                      for g in self.trajectories for t in g))
+        _atomic_write(out / RESULTS, json.dumps(self.to_json(), indent=1) + "\n")
+        _atomic_write(out / REPORT, self.markdown())
+
+    @property
+    def k(self) -> int:
+        return int(self.config.get("k", 1))
+
+    def markdown(self) -> str:
+        """results.md: the headline metrics, stop reasons, tool-call mix, families and the per-task table."""
+        c, m, k = self.config, self.metrics, self.k
+        passes = [f"pass^{j}" for j in range(1, k + 1)]
+        lines = [f"# Evaluation: {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}",
+                 "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; sim faults "
+                 f"{c.get('sim_faults', 'exclude')}d), seed {c.get('seed')}, max turns {c.get('max_turns')}.", "",
+                 "| " + " | ".join([*passes, "accuracy", "TCR", "avg turns", "violation rate", "transfer rate",
+                                    "sim-fault rate"]) + " |",
+                 "|" + "---|" * (k + 6),
+                 "| " + " | ".join(_fmt(m[key]) for key in [*passes, "accuracy", "tcr", "avg_turns", "violation_rate",
+                                                             "transfer_rate", "sim_fault_rate"]) + " |", ""]
+        lines += ["## Stop reasons", "", "| stop reason | episodes |", "|---|---|"]
+        lines += [f"| {r} | {n} |" for r, n in m["stop_reasons"].items()]
+        lines += ["", "## Tool calls (mean per trial)", "", "| tool | agent calls |", "|---|---|"]
+        lines += [f"| {name} | {_fmt(v)} |" for name, v in m["tool_calls"].items()]
+        lines += [f"| {name} (user) | {_fmt(v)} |" for name, v in m.get("user_tool_calls", {}).items()]
+        if m.get("violations"):
+            lines += ["", "## Violations", "", "| kind | count |", "|---|---|"]
+            lines += [f"| {kind} | {n} |" for kind, n in m["violations"].items()]
+        lines += ["", "## Families", "", "| family | tasks | " + " | ".join([*passes, "accuracy"]) + " |",
+                  "|---|---|" + "---|" * (k + 1)]
+        for name, f in self.families.items():
+            lines.append(f"| {name} | {f['tasks']} | " + " | ".join(_fmt(f[key]) for key in [*passes, "accuracy"])
+                         + " |")
+        lines += ["", "## Tasks", "", "| task | family | trials | successes | " + " | ".join(passes)
+                  + " | TCR | avg turns | violations | sim faults |", "|---|---|---|---|" + "---|" * (k + 4)]
+        for r in self.tasks:
+            lines.append(f"| {r['task_id']} | {r['family']} | {r['trials']} | {r['successes']} | "
+                         + " | ".join(_fmt(r[p]) for p in passes)
+                         + f" | {_fmt(r['tcr'])} | {_fmt(r['avg_turns'])} | {r['violations']} | {r['sim_faults']} |")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def load(cls, path: str | Path, trajectories: bool = False) -> EvalResult:
+        """Read a run directory (or its results.json); with ``trajectories`` also its trajectories.jsonl."""
+        path = Path(path)
+        file = path / RESULTS if path.is_dir() else path
+        if not file.exists():
+            raise FileNotFoundError(f"{file} not found (is {path} an evaluation run directory?)")
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise ValueError(f"{file} is not valid JSON: {err}") from None
+        missing = [key for key in ("config", "metrics", "tasks") if key not in data]
+        if missing:
+            raise ValueError(f"{file} is not a muarl eval results file (missing {', '.join(missing)})")
+        groups: list[list[Trajectory]] = []
+        if trajectories:
+            found = load_trajectories(file.parent / TRAJECTORIES)
+            k = int(data["config"].get("k", 1))
+            groups = [[found[(r["task_id"], m)] for m in range(k) if (r["task_id"], m) in found]
+                      for r in data["tasks"]]
+        return cls(data["config"], data["metrics"], data["tasks"], groups, data.get("families", {}),
+                   data.get("timing", {}))
+
+
+def result_from_trajectories(path: str | Path, sim_faults: SimFaults = "exclude",
+                             domain: Domain | None = None) -> EvalResult:
+    """Rebuild an evaluation from a trajectories.jsonl alone (say, a run killed before it wrote results).
+
+    k is the largest trial count found; task families come from ``domain`` (or the domain named in the
+    trajectories, when it is registered) and are empty otherwise.
+    """
+    found = load_trajectories(Path(path))
+    if not found:
+        raise ValueError(f"{path} holds no trajectories")
+    order: dict[str, list[Trajectory]] = {}
+    for (task_id, _member), traj in sorted(found.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        order.setdefault(task_id, []).append(traj)
+    name = next(iter(found.values())).domain
+    families: dict[str, str] = {}
+    try:
+        from muarl.domain import get_domain
+
+        dom = domain or get_domain(name)
+        families = {t.id: t.family for t in dom.tasks() if t.id in order}
+    except (KeyError, ImportError, ValueError):
+        pass
+    k = max(len(g) for g in order.values())
+    groups = list(order.values())
+    metrics, rows, fams = summarize(groups, families, k, sim_faults)
+    config = {"domain": name, "split": None, "k": k, "sim_faults": sim_faults, "source": str(path)}
+    return EvalResult(config, metrics, rows, groups, fams)
+
+
+# -- running -------------------------------------------------------------------------------------------------
+def _split_of(tasks: Iterable[Task]) -> str:
+    return "+".join(sorted({t.split for t in tasks}))
+
+
+def _check_run_dir(out: Path, config: dict[str, Any]) -> None:
+    """Refuse to resume into a directory whose trajectories were played with other settings."""
+    saved = out / RUN_CONFIG
+    if saved.exists():
+        try:
+            before = json.loads(saved.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise ValueError(f"{saved} is not valid JSON ({err}); remove it or use another output directory") \
+                from None
+        clash = [f"{key}: {before[key]!r} there, {config[key]!r} now" for key in IDENTITY_KEYS
+                 if key in before and key in config and before[key] != config[key]]
+        if clash:
+            raise ValueError(f"{out} holds an evaluation with other settings ({'; '.join(clash)}); "
+                             "use another output directory, or the same settings to resume it")
+    elif (out / TRAJECTORIES).exists():
+        raise ValueError(f"{out / TRAJECTORIES} exists but {out} has no {RUN_CONFIG} from an evaluation "
+                         "(a `muarl rollout` directory?); use an empty output directory")
+    _atomic_write(saved, json.dumps(config, indent=1) + "\n")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a kill never leaves a half-written results file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def evaluate_async(
+    domain: Domain,
+    policy: Policy,
+    user: UserSimulator,
+    tasks: list[Task],
+    *,
+    k: int = 1,
+    out_dir: str | Path | None = None,
+    config: EpisodeConfig | None = None,
+    seed: int = 0,
+    concurrency: int = 64,
+    progress: bool = True,
+    sim_faults: SimFaults = "exclude",
+    meta: Mapping[str, Any] | None = None,
+) -> EvalResult:
+    """:func:`evaluate` for callers already inside an event loop."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1 (got {k})")
+    if not tasks:
+        raise ValueError("no tasks to evaluate")
+    ids = [t.id for t in tasks]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"tasks listed twice: {', '.join(dup)}")
+    if sim_faults not in SIM_FAULT_MODES:
+        raise ValueError(f"sim_faults must be one of {SIM_FAULT_MODES}, not {sim_faults!r}")
+    config = config or EpisodeConfig()
+    run_config: dict[str, Any] = {
+        "domain": domain.name, "split": _split_of(tasks), "policy": getattr(policy, "name", type(policy).__name__),
+        "user": getattr(user, "name", type(user).__name__), "k": k, "seed": seed, "max_turns": config.max_turns,
+        "end_on_malformed": config.end_on_malformed, "require_outputs": config.require_outputs,
+        "sim_faults": sim_faults, **dict(meta or {}),
+    }
+    out = Path(out_dir) if out_dir is not None else None
+    resumed = 0
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_run_dir(out, run_config)
+        present = load_trajectories(out / TRAJECTORIES)
+        resumed = sum((t.id, m) in present for t in tasks for m in range(k))
+    engine = RolloutEngine(domain, policy, user, config, group_size=k, concurrency=concurrency,
+                           common_user_seed=False, seed=seed,
+                           out=out / TRAJECTORIES if out is not None else None, progress=progress)
+    start = time.perf_counter()
+    groups = await engine.run(tasks)
+    wall = time.perf_counter() - start
+    metrics, rows, fams = summarize(groups, {t.id: t.family for t in tasks}, k, sim_faults)
+    timing = {"wall_s": round(wall, 3), "episodes_run": len(tasks) * k - resumed, "episodes_resumed": resumed}
+    result = EvalResult(run_config, metrics, rows, groups, fams, timing)
+    if out is not None:
+        result.write(out)
+    return result
+
+
+def evaluate(
+    domain: Domain,
+    policy: Policy,
+    user: UserSimulator,
+    tasks: list[Task],
+    *,
+    k: int = 1,
+    out_dir: str | Path | None = None,
+    config: EpisodeConfig | None = None,
+    seed: int = 0,
+    concurrency: int = 64,
+    progress: bool = True,
+    sim_faults: SimFaults = "exclude",
+    meta: Mapping[str, Any] | None = None,
+) -> EvalResult:
+    """Play ``k`` trials of every task and compute the metrics; with ``out_dir``, resumable and written.
+
+    Each trial gets its own user seed (derived from ``seed``, the task id and the trial index, so a rerun
+    meets the same users). ``meta`` adds entries to the recorded configuration (the CLI records the
+    policy and user specs and the split). Synchronous; inside an event loop use :func:`evaluate_async`.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(evaluate_async(domain, policy, user, tasks, k=k, out_dir=out_dir, config=config,
+                                          seed=seed, concurrency=concurrency, progress=progress,
+                                          sim_faults=sim_faults, meta=meta))
+    raise RuntimeError("evaluate() was called inside a running event loop; use `await evaluate_async(...)`")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
