@@ -275,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands defined in their own modules; each adds its subparsers (one line per module below).
     # -- demo (issue 4) --
     # -- eval / compare / chat / view (issue 5) --
+    from muarl.eval_cli import add_commands as _eval_commands; _eval_commands(sub)  # noqa: E702, I001
     # -- serve-mcp (issue 6) --
     return parser
 
