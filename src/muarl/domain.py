@@ -14,12 +14,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from muarl.db import Database
 from muarl.env import Env
 from muarl.tools import Tool
-from muarl.types import SPLITS, Task
+from muarl.types import SPLITS, Reward, Task
+
+if TYPE_CHECKING:
+    from muarl.users.base import UserSimulator
 
 #: (seed, size) -> tables. ``size`` scales the number of users; the generator picks the rest.
 DBBuilder = Callable[[int, int], Mapping[str, Mapping[str, Any]]]
@@ -46,6 +49,17 @@ class Domain:
     task_seed: int = 0
     task_counts: Mapping[str, int] = field(default_factory=lambda: {"train": 200, "dev": 40, "test": 80})
     tasks_file: Path | None = None
+    # Extension points for worlds that are not a muarl Database (bridges to tau2-bench, BFCL ...); all
+    # optional, the built-in domains use none of them.
+    #: build one rollout's env (domain, task, context) instead of an Env over a view of database()
+    make_env: Callable[[Domain, Task | None, dict[str, Any]], Env] | None = None
+    #: grade an episode instead of the DB-match judge: (domain, task, trajectory, env or None,
+    #: require_outputs) -> Reward, for benchmarks whose own checker is the reference
+    scorer: Callable[..., Reward] | None = None
+    #: the domain the agent sees in one episode of a task (say, only the tools that task involves)
+    narrow: Callable[[Domain, Task], Domain] | None = None
+    #: who plays the tasks when the scripted user is asked for (tasks whose user turns are data)
+    scripted_user: UserSimulator | None = None
     #: whether writes need an authenticated user (reported as a violation otherwise)
     requires_auth: bool = True
 
@@ -78,7 +92,13 @@ class Domain:
 
     def env(self, task: Task | None = None, **context: Any) -> Env:
         """A fresh rollout environment (cheap: no data is copied or parsed)."""
+        if self.make_env is not None:
+            return self.make_env(self, task, dict(context))
         return Env(self, task, context)
+
+    def for_task(self, task: Task) -> Domain:
+        """The domain as the agent sees it in an episode of ``task``: itself unless ``narrow`` says otherwise."""
+        return self if self.narrow is None else self.narrow(self, task)
 
     @cached_property
     def agent_tools(self) -> dict[str, Tool]:
@@ -125,6 +145,8 @@ def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
 
 
 _REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
+#: name prefixes served by muarl.bridges.<prefix> (tau2-bench and BFCL domains, optional extras)
+_BRIDGES = ("tau2:", "bfcl:")
 _BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom"}
 
 
@@ -140,7 +162,10 @@ def get_domain(name: str) -> Domain:
     """Look a domain up by name; built-ins are imported lazily, ``pkg.module:attr`` loads a user domain."""
     if name not in _REGISTRY and name in _BUILTINS:
         importlib.import_module(_BUILTINS[name])
-    if name not in _REGISTRY and ":" in name and not name.startswith(("tau2:", "bfcl:")):
+    if name not in _REGISTRY and name.startswith(_BRIDGES):  # optional extras, imported on first use
+        bridge = importlib.import_module(f"muarl.bridges.{name.split(':', 1)[0]}")
+        _REGISTRY[name] = bridge.load(name.split(":", 1)[1])
+    if name not in _REGISTRY and ":" in name and not name.startswith(_BRIDGES):
         module, _, attr = name.partition(":")
         obj = getattr(importlib.import_module(module), attr)
         _REGISTRY[name] = obj

@@ -46,6 +46,7 @@ async def run_episode(
 ) -> Trajectory:
     """Play one episode of ``task`` and return its scored trajectory."""
     config = config or EpisodeConfig()
+    domain = domain.for_task(task)
     env = domain.env(task)
     agent = policy.session(domain, task)
     traj = Trajectory(task_id=task.id, domain=domain.name, user_seed=seed)

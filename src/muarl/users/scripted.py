@@ -243,7 +243,18 @@ class ScriptedUser(UserSimulator):
         self.max_replies = max_replies
         self.insist = insist
 
-    def session(self, task: Task, seed: int) -> ScriptedSession:
+    def session(self, task: Task, seed: int) -> UserSession:
+        if not task.scenario.intents:  # no structured scenario: the domain may bring its own data-driven user
+            from muarl.domain import get_domain
+
+            try:
+                stand_in = get_domain(task.domain).scripted_user
+            except KeyError:  # a domain object that was never registered
+                stand_in = None
+            if stand_in is None:
+                raise ValueError(f"the scripted user cannot play task {task.id!r} of {task.domain}: it has no "
+                                 "structured scenario (intents); use --user llm:URL#MODEL or replay:FILE.jsonl")
+            return stand_in.session(task, seed)
         return ScriptedSession(task, seed, self.max_stale, self.max_replies, self.insist)
 
 
