@@ -10,7 +10,8 @@ unlike a simulated user, every tool call and result as it happens (:class:`EchoP
 point of chatting with an agent is usually to watch what it does. Lines starting with ``/`` are commands:
 
 - ``/done [last words]``: end the conversation (the user's stop signal, like ``###STOP###``)
-- ``/quit``: end it now (recorded as ``metadata["user_quit"]``); Ctrl-C at the prompt does the same
+- ``/quit``: end it now (recorded as ``metadata["user_quit"]``); Ctrl-C does the same (while the agent
+  is working, at its next message)
 - ``/phone TOOL [JSON or key=value ...]``: act on your own device (dual-control domains, e.g. telecom)
 - ``/tools``: list the device tools; ``/task``: show the scenario again; ``/help``: this list
 
@@ -23,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -64,6 +67,16 @@ class HumanUser(UserSimulator):
         self.stream = stream if stream is not None else sys.stdin
         self.console = console or Console()
         self.echo = echo if echo is not None else not _isatty(self.stream)
+        self.reading = False  # inside the blocking read of the person's line
+        self.interrupted = False  # Ctrl-C came while the agent was working: quit at the next prompt
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        """Ctrl-C: at the prompt it interrupts the read (the conversation ends as /quit); while the agent
+        works it ends the conversation at the next prompt, so the episode is still scored and saved; a
+        second Ctrl-C before then aborts at once."""
+        if self.reading or self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
 
     def session(self, task: Task, seed: int) -> HumanSession:
         return HumanSession(self, task)
@@ -118,12 +131,19 @@ class HumanSession(UserSession):
     def _read(self) -> str | None:
         """The person's next non-empty line; None at end of input. Ctrl-C at the prompt means /quit."""
         while True:
+            if self.user.interrupted:
+                return "/quit"
             self.console.print("[bold green]you>[/bold green] ", end="")
             try:
+                self.user.reading = True
+                if self.user.interrupted:  # Ctrl-C between the check above and here
+                    raise KeyboardInterrupt
                 raw = self.user.stream.readline()
             except KeyboardInterrupt:
                 self.console.print()
                 return "/quit"
+            finally:
+                self.user.reading = False
             if raw == "":
                 self.console.print()
                 return None
@@ -296,18 +316,23 @@ def run_chat(domain: Domain, task: Task, policy: Policy, *, stream: TextIO | Non
              save: str | Path | None = None) -> Trajectory:
     """Play one episode of ``task`` with a person as the user; show the outcome; append it to ``save``.
 
-    Runs its own event loop rather than :func:`asyncio.run`, whose Ctrl-C handler would cancel the
-    episode instead of letting Ctrl-C at the prompt end the conversation as ``/quit``.
+    Ctrl-C ends the conversation like ``/quit`` (see :meth:`HumanUser.on_sigint`), so an interrupted chat
+    is still scored and saved. That is why this runs its own event loop rather than :func:`asyncio.run`,
+    whose Ctrl-C handling would cancel the episode and lose it.
     """
     console = console or Console()
     show_scenario(console, domain, task)
     user = HumanUser(domain, stream, console)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, user.on_sigint) if main else None
     loop = asyncio.new_event_loop()
     try:
         traj = loop.run_until_complete(run_episode(domain, task, EchoPolicy(policy, console), user, 0,
                                                    config or EpisodeConfig()))
     finally:
         loop.close()
+        if main:
+            signal.signal(signal.SIGINT, previous)
     last = max((i for i, m in enumerate(traj.messages) if m.role == "assistant"), default=-1)
     show_tool_results(console, traj.messages[last + 1:])  # calls whose results no later turn showed
     show_outcome(console, traj)
