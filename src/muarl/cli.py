@@ -277,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     # -- eval / compare / chat / view (issue 5) --
     from muarl.eval_cli import add_commands as _eval_commands; _eval_commands(sub)  # noqa: E702, I001
     # -- serve-mcp (issue 6) --
+    from muarl.mcp.cli import add_commands as _mcp; _mcp(sub)  # noqa: E702, I001
     return parser
 
 

@@ -83,6 +83,13 @@ class Env:
         self.log.append(record)
         return record
 
+    async def acall(
+        self, name: str, arguments: Any = None, *, actor: Actor = "agent", call_id: str | None = None
+    ) -> ToolRecord:
+        """:meth:`call` for the episode loop. Local tools run inline; an env whose tools do I/O (an MCP
+        server's) overrides this so that a slow or hung tool never stalls the other episodes."""
+        return self.call(name, arguments, actor=actor, call_id=call_id)
+
     def run(self, action: Action) -> ToolRecord:
         return self.call(action.name, action.arguments, actor=action.actor)
 

@@ -72,7 +72,7 @@ async def _play(
         # the id names the user message this action precedes (its index among user messages), so a replay
         # can re-attach user actions to their turn even when no agent call separates two user turns
         turn = sum(m.role == "user" for m in traj.messages)
-        return env.call(name, arguments, actor="user", call_id=f"user_t{turn}_{len(env.log)}").output
+        return (await env.acall(name, arguments, actor="user", call_id=f"user_t{turn}_{len(env.log)}")).output
 
     try:
         opening = await user.start()
@@ -98,7 +98,7 @@ async def _play(
         reason = None
         if turn.message.tool_calls:
             for call in turn.message.tool_calls:
-                record = env.call(call.name, call.arguments, call_id=call.id)
+                record = await env.acall(call.name, call.arguments, call_id=call.id)
                 traj.turns += 1
                 new.append(Message(role="tool", content=record.output, tool_call_id=call.id, name=call.name))
                 if record.error in ("unknown_tool", "invalid_arguments"):

@@ -127,7 +127,8 @@ class ToolRecord(_Model):
     kind: Literal["read", "write", "unknown"] = "read"
     ok: bool = True
     output: str = ""
-    error: Literal["unknown_tool", "invalid_arguments", "domain", "internal"] | None = None
+    #: ``tool_fault``: the tool's server failed (crashed, hung, did not start); the call may not have run
+    error: Literal["unknown_tool", "invalid_arguments", "domain", "internal", "tool_fault"] | None = None
     changed: list[tuple[str, str]] = Field(default_factory=list)
     owners: list[str] = Field(default_factory=list)
     authenticated: str | None = None
@@ -189,3 +190,9 @@ class Trajectory(_Model):
     logprobs: list[float] = Field(default_factory=list)
     reward: Reward | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def tool_fault(self) -> bool:
+        """Whether a tool server failed during the episode: its reward says nothing about the agent, so
+        training can mask it like a simulator fault (derived from the tool log, so it cannot disagree)."""
+        return any(r.error == "tool_fault" for r in self.tool_log)

@@ -1,0 +1,69 @@
+"""``muarl serve-mcp`` (a domain as an MCP server) and ``muarl mcp-tools`` (what a server offers)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _serve_cmd(args: argparse.Namespace) -> int:
+    from muarl.domain import get_domain
+    from muarl.mcp.server import serve_http, serve_stdio
+
+    domain = get_domain(args.domain)  # unknown names fail here with the list of known domains
+    if args.size is not None or args.seed is not None:
+        domain = domain.with_database(seed=args.seed, size=args.size)
+    if args.transport == "stdio":
+        serve_stdio(domain)
+    else:
+        serve_http(domain, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    return 0
+
+
+def _tools_cmd(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from muarl.mcp.client import RemoteSession, ServerSpec
+
+    session = RemoteSession(ServerSpec.parse(args.server), timeout=args.timeout, connect_timeout=args.timeout)
+    try:
+        tools = session.list_tools()
+    except ConnectionError as err:
+        raise ValueError(f"cannot reach MCP server {args.server}: {err}") from None
+    finally:
+        session.close()
+    if args.json:
+        print(json.dumps([{"name": t.name, "description": t.description, "input_schema": t.input_schema,
+                           "read_only": t.read_only} for t in tools], indent=1))
+        return 0
+    table = Table(title=f"tools of {args.server}")
+    for col in ("tool", "read only", "arguments", "description"):
+        table.add_column(col)
+    for t in tools:
+        table.add_row(t.name, {True: "yes", False: "no", None: "?"}[t.read_only],
+                      ", ".join(t.input_schema.get("properties", {})), t.description[:80])
+    Console().print(table)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``serve-mcp`` and ``mcp-tools`` to the ``muarl`` subcommands."""
+    p = sub.add_parser("serve-mcp", help="serve a domain as an MCP server (stdio or streamable HTTP), "
+                                         "one private database per session")
+    p.add_argument("domain", help="a domain name (retail, airline, telecom) or module:attribute")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                   help="stdio (default: one client, the process that started the server) or streamable HTTP")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP: interface to listen on")
+    p.add_argument("--port", type=int, default=8000, help="HTTP: port; the endpoint is http://HOST:PORT/mcp")
+    p.add_argument("--max-sessions", type=int, default=4096,
+                   help="HTTP: private databases kept at once (least recently used ones go first)")
+    p.add_argument("--seed", type=int, help="serve the domain over a database generated from this seed")
+    p.add_argument("--size", type=int, help="... with this many users")
+    p.set_defaults(func=_serve_cmd)
+    p = sub.add_parser("mcp-tools", help="list the tools an MCP server offers (a command line or an http URL)")
+    p.add_argument("server", help="e.g. 'mcp-server-time --local-timezone UTC' or http://127.0.0.1:8000/mcp")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_tools_cmd)
