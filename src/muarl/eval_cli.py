@@ -122,7 +122,7 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     for col in ("metric", "A", "B", "B - A", f"{pct} CI", "excludes 0", "tasks"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for d in report["metrics"]:
-        mark = ("[green]yes[/green]" if d["diff"] > 0 else "[red]yes[/red]") if d["excludes_zero"] else "no"
+        mark = "[bold]yes[/bold]" if d["excludes_zero"] else "no"  # better or worse depends on the metric
         table.add_row(d["metric"], _fmt(d["a"]), _fmt(d["b"]), f"{d['diff']:+.3f}",
                       f"[{d['low']:+.3f}, {d['high']:+.3f}]", mark, str(d["tasks"]))
     console.print(table)
