@@ -175,12 +175,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--split", choices=SPLITS, default="test")
     p.add_argument("--policy", default="expert", help=POLICIES)
     p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | replay:FILE.jsonl")
-    p.add_argument("--k", type=int, default=4, help="trials per task (each with its own user seed); pass^1..pass^k")
+    p.add_argument("--k", type=int, default=4, help="trials per task, each with its own user seed (default 4); pass^1..pass^k")
     p.add_argument("--out", required=True,
                    help="run directory: results.json, results.md, trajectories.jsonl; rerun it to resume")
     p.add_argument("--limit", type=int, help="only the first N tasks")
     p.add_argument("--tasks", nargs="+", metavar="ID", help="only these task ids (any split)")
-    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once")
+    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once (default 64)")
     p.add_argument("--sim-faults", choices=SIM_FAULT_MODES, default="exclude",
                    help="simulator-fault episodes: left out of the metrics (default) or counted as failures")
     p.add_argument("--show-tasks", action="store_true", help="also print the per-task table")
