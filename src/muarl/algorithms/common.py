@@ -21,11 +21,20 @@ class LossBatch:
     advantages: torch.Tensor
     mask: torch.Tensor
     ref_logprobs: torch.Tensor | None = None  # under the reference model, for the KL term
+    #: when this batch is one micro-batch (or one process's share) of a larger update: that update's agent
+    #: tokens and sequences. The loss is normalised by them instead of this batch's own counts, so the
+    #: micro-batch losses (and gradients) add up exactly to the whole batch's token-mean (or Dr.GRPO) loss.
+    total_tokens: float | None = None
+    total_sequences: float | None = None
 
 
 @dataclass
 class LossStats:
-    """What a step logs about its loss (all detached floats)."""
+    """What a step logs about its loss (all detached floats).
+
+    With ``LossBatch.total_tokens`` set, ``policy_loss``, ``kl``, ``clip_fraction`` and ``ratio_mean``
+    are this part's share of the whole update's value: summing them over the parts gives the whole.
+    """
 
     policy_loss: float
     kl: float
@@ -34,9 +43,13 @@ class LossStats:
     tokens: int
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over the positions where ``mask`` is 1 (0 when there are none, not NaN)."""
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, total: float | None = None) -> torch.Tensor:
+    """Mean over the positions where ``mask`` is 1 (0 when there are none, not NaN).
+
+    ``total`` replaces the count of masked positions as the denominator: the mean over a larger batch of
+    which these positions are a part (micro-batching, several processes).
+    """
+    return (values * mask).sum() / (mask.sum().clamp(min=1) if total is None else max(total, 1.0))
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

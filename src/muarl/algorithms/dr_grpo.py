@@ -20,7 +20,11 @@ class DrGRPO(GRPO):
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return rewards - rewards.mean(dim=1, keepdim=True)
 
-    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, tokens: float | None = None,
+                  sequences: float | None = None) -> torch.Tensor:
+        """Sum of each sequence's token losses over ``max_tokens``, averaged over the sequences present
+        (over ``sequences``, the whole update's count, when this batch is one part of it)."""
         present = mask.sum(dim=1) > 0  # sequences kept out of the gradient (sim faults) do not count
         sums = (per_token * mask).sum(dim=1) / self.max_tokens
-        return sums[present].sum() / present.sum().clamp(min=1)
+        count = present.sum().clamp(min=1) if sequences is None else max(sequences, 1.0)
+        return sums[present].sum() / count

@@ -28,22 +28,27 @@ class GRPO:
         std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
         return (rewards - mean) / (std + self.eps)
 
-    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Token-mean: every agent token in the batch weighs the same, whatever its sequence's length."""
-        return masked_mean(per_token, mask)
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, tokens: float | None = None,
+                  sequences: float | None = None) -> torch.Tensor:
+        """Token-mean: every agent token in the batch weighs the same, whatever its sequence's length.
+
+        ``tokens`` is the whole update's token count when this is one part of it (see ``LossBatch``).
+        """
+        return masked_mean(per_token, mask, tokens)
 
     def loss(self, batch: LossBatch) -> tuple[torch.Tensor, LossStats]:
         per_token, clipped, ratio = clipped_surrogate(batch, self.clip_low, self.clip_high)
-        policy_loss = self.aggregate(per_token, batch.mask)
+        tokens = batch.total_tokens
+        policy_loss = self.aggregate(per_token, batch.mask, tokens, batch.total_sequences)
         kl = torch.zeros(())
         if batch.ref_logprobs is not None and self.kl_beta:
-            kl = masked_mean(k3_kl(batch.logprobs, batch.ref_logprobs), batch.mask)
+            kl = masked_mean(k3_kl(batch.logprobs, batch.ref_logprobs), batch.mask, tokens)
         total = policy_loss + self.kl_beta * kl
         stats = LossStats(
             policy_loss=float(policy_loss.detach()),
             kl=float(kl.detach()),
-            clip_fraction=float(masked_mean(clipped, batch.mask)),
-            ratio_mean=float(masked_mean(ratio.detach(), batch.mask)),
+            clip_fraction=float(masked_mean(clipped, batch.mask, tokens)),
+            ratio_mean=float(masked_mean(ratio.detach(), batch.mask, tokens)),
             tokens=int(batch.mask.sum()),
         )
         return total, stats

@@ -10,22 +10,35 @@ Simulator-fault episodes stay out of the gradient (their mask is zeroed) instead
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
+import hashlib
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
 from muarl.algorithms import LossBatch, get_algorithm, informative_groups
 from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.policies.hf import HFPolicy
 from muarl.rollout import EpisodeConfig, RolloutEngine
-from muarl.train import from_preset, save_model, start_run
+from muarl.train import autocast, from_preset
+from muarl.train.checkpoint import load_trainer_state, save_checkpoint
+from muarl.train.distributed import Dist, setup
+from muarl.train.run import open_run
+from muarl.train.trackers import Trackers
+from muarl.train.weights import (
+    causal_lm,
+    load_trainable,
+    reference_mode,
+    save_final,
+    trainable_parameters,
+    write_weights,
+)
 from muarl.types import Trajectory
 
 
@@ -55,6 +68,18 @@ class GRPOConfig:
     mask_sim_faults: bool = True
     gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
     seed: int = 0
+    micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
+    bf16: bool | None = None  # autocast the update's forward passes to bfloat16; None: where CUDA supports it
+    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning. The reference is the adapter switched off
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"  # or comma-separated module names, e.g. "q_proj,v_proj"
+    merge_lora: bool = True  # also write the adapter merged into the base as out/model
+    save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
+    resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
+    report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
+    device: str | None = None  # None: this process's GPU when there is one, else the CPU
 
 
 PRESETS: dict[str, GRPOConfig] = {
@@ -63,25 +88,43 @@ PRESETS: dict[str, GRPOConfig] = {
 }
 
 
+def batch_logprobs(model: Any, sequences: list[list[int]], temperature: float,
+                   masks: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probabilities of several sequences in one forward pass, and each prediction's entropy.
+
+    Returns two [sequences, longest] tensors (0 where a position is not scored or is padding). Rows are
+    right-padded, which needs no attention mask: under causal attention a real token never sees the
+    padding after it. Only positions where the mask is 1 are scored: the output head runs on the hidden
+    states that predict agent tokens only, a few percent of these conversations, so the vocabulary-sized
+    logits are never built for the long prompt. Works on a plain causal LM and on a peft (LoRA) model.
+    """
+    lm = causal_lm(model)
+    device = next(lm.parameters()).device
+    width = max(len(ids) for ids in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    rows, cols, wanted = [], [], []
+    for b, seq in enumerate(sequences):
+        ids[b, :len(seq)] = torch.tensor(seq)
+        targets = [p for p in range(1, len(seq)) if masks is None or masks[b][p]]
+        rows += [b] * len(targets)
+        cols += targets
+        wanted += [seq[p] for p in targets]
+    hidden = lm.model(input_ids=ids.to(device)).last_hidden_state
+    r, c = torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device)
+    logits = lm.get_output_embeddings()(hidden[r, c - 1]).float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    chosen = logp.gather(-1, torch.tensor(wanted, device=device).unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1).detach()
+    full = torch.zeros(len(sequences), width, device=device).index_put((r, c), chosen)
+    ent = torch.zeros(len(sequences), width, device=device).index_put((r, c), entropy)
+    return full, ent
+
+
 def sequence_logprobs(model: Any, ids: list[int], temperature: float,
                       mask: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probabilities of ``ids`` under ``model`` and the entropy of each prediction.
-
-    Only positions where ``mask`` is 1 are scored (others get 0): the output head runs on the hidden
-    states that predict agent tokens only, which in these conversations are a few percent of all tokens,
-    so the vocabulary-sized logits are never built for the long prompt.
-    """
-    device = next(model.parameters()).device
-    targets = [p for p in range(1, len(ids)) if mask is None or mask[p]]
-    hidden = model.model(input_ids=torch.tensor([ids], device=device)).last_hidden_state[0]
-    logits = model.get_output_embeddings()(hidden[[p - 1 for p in targets]]).float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    chosen = logp.gather(-1, torch.tensor([ids[p] for p in targets], device=device).unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1).detach()
-    index = torch.tensor(targets, device=device, dtype=torch.long)
-    full = torch.zeros(len(ids), device=device).index_put((index,), chosen)
-    ent = torch.zeros(len(ids), device=device).index_put((index,), entropy)
-    return full, ent
+    """:func:`batch_logprobs` of one sequence: its [length] log-probabilities and entropies."""
+    full, ent = batch_logprobs(model, [ids], temperature, None if mask is None else [mask])
+    return full[0], ent[0]
 
 
 def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -108,95 +151,182 @@ def rollout_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
 
 
 def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
-                  batch: list[tuple[Trajectory, float]], config: GRPOConfig) -> tuple[dict[str, float], float, float]:
+                  batch: list[tuple[Trajectory, float]], config: GRPOConfig, dist: Dist | None = None,
+                  totals: tuple[float, float] | None = None) -> tuple[dict[str, float], float, float]:
     """One optimizer step on (trajectory, advantage) pairs; returns (stats, reference seconds, update seconds).
 
-    The loss is computed once over the whole batch so that token-mean (or Dr.GRPO's per-sequence sums)
-    is exact; old log-probs are the ones stored at sampling time (the step is on-policy: ratio 1).
+    ``batch`` is cut into micro-batches of ``config.micro_batch_size`` sequences (sorted by length, so
+    rows of one forward pass waste little padding), each run forward and backward on its own, which
+    bounds memory. Every micro-batch's loss is normalised by the whole update's agent-token count (and
+    sequence count, for Dr.GRPO): the accumulated gradient is exactly that of the whole batch's
+    token-mean loss. With several processes ``batch`` is this rank's share, ``totals`` the whole
+    update's (tokens, sequences) and the gradients are summed over ranks before the step. Old log-probs
+    are the ones stored at sampling time (the step is on-policy: ratio 1). ``reference`` None means LoRA:
+    the reference is the model with its adapter disabled.
     """
+    dist = dist or Dist()
+    params = trainable_parameters(model)
+    tokens, sequences = totals or (float(sum(sum(t.loss_mask) for t, _ in batch)), float(len(batch)))
+    size = max(1, config.micro_batch_size)
+    order = sorted(range(len(batch)), key=lambda i: len(batch[i][0].token_ids))
+    parts = [order[i:i + size] for i in range(0, len(order), size)]
+    precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
     began = time.perf_counter()
-    with torch.no_grad():
-        ref = [sequence_logprobs(reference, t.token_ids, config.temperature, t.loss_mask)[0] for t, _ in batch]
+    ref: list[torch.Tensor] = []
+    with torch.no_grad(), reference_mode(model, reference) as scorer:
+        was_training = scorer.training
+        scorer.eval()
+        for part in parts:
+            with precision:
+                ref.append(batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
+                                          [batch[i][0].loss_mask for i in part])[0])
+        scorer.train(was_training)
     ref_s = time.perf_counter() - began
     began = time.perf_counter()
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    current, entropy = zip(*(sequence_logprobs(model, t.token_ids, config.temperature, t.loss_mask) for t, _ in batch),
-                           strict=True)
-    width = max(len(t.token_ids) for t, _ in batch)
-    mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t, _ in batch], width)
-    loss_batch = LossBatch(
-        logprobs=_pad(list(current), width),
-        old_logprobs=_pad([torch.tensor(t.logprobs) for t, _ in batch], width),
-        advantages=_pad([torch.full((len(t.token_ids),), a) for t, a in batch], width),
-        mask=mask,
-        ref_logprobs=_pad(ref, width),
-    )
-    loss, loss_stats = algorithm.loss(loss_batch)
-    loss.backward()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+    for part, ref_part in zip(parts, ref, strict=True):
+        trajs = [batch[i][0] for i in part]
+        with precision:
+            current, entropy = batch_logprobs(model, [t.token_ids for t in trajs], config.temperature,
+                                              [t.loss_mask for t in trajs])
+        width = current.shape[1]
+        mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t in trajs], width).to(current.device)
+        loss_batch = LossBatch(
+            logprobs=current,
+            old_logprobs=_pad([torch.tensor(t.logprobs) for t in trajs], width).to(current.device),
+            advantages=_pad([torch.full((len(t.token_ids),), batch[i][1]) for i, t in zip(part, trajs, strict=True)],
+                            width).to(current.device),
+            mask=mask,
+            ref_logprobs=ref_part,
+            total_tokens=tokens,
+            total_sequences=sequences,
+        )
+        loss, loss_stats = algorithm.loss(loss_batch)
+        loss.backward()
+        sums["loss"] += float(loss.detach())
+        sums["kl"] += loss_stats.kl
+        sums["clip_fraction"] += loss_stats.clip_fraction
+        sums["entropy"] += float((entropy * mask).sum()) / max(tokens, 1.0)
+    dist.all_reduce_grads(params)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
     optimizer.step()
     model.eval()
-    stats = {"loss": float(loss.detach()), "kl": loss_stats.kl, "clip_fraction": loss_stats.clip_fraction,
-             "grad_norm": grad_norm, "entropy": float((_pad(list(entropy), width) * mask).sum() / mask.sum()),
-             "update_tokens": float(loss_stats.tokens)}
+    stats = {key: dist.sum(value) for key, value in sums.items()}
+    stats.update(grad_norm=grad_norm, update_tokens=tokens)
     return stats, ref_s, time.perf_counter() - began
 
 
 def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
-    """Run GRPO; writes ``out/model``, ``out/metrics.jsonl``, ``out/config.json`` and TensorBoard events."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Run GRPO; writes ``out/model``, ``metrics.jsonl``, ``config.json``, ``rollouts/step_N.jsonl``,
+    ``checkpoints/step_N/`` and the chosen trackers' logs (TensorBoard by default).
 
-    out, model, tokenizer = start_run(config)
-    reference = copy.deepcopy(model).eval().requires_grad_(False)  # the starting (cold-start) model
+    Resumes from the newest checkpoint in ``out`` unless ``config.resume`` is False (see
+    :mod:`muarl.train.run`); the resumed run's metrics and weights equal an uninterrupted run's. Under
+    ``accelerate launch`` / ``torchrun`` each process plays its share of every step's groups and only
+    rank 0 writes files.
+    """
+    dist = setup(config.device)
+    run = open_run(config, dist)
+    model, reference, tokenizer = load_trainable(config, config.device, run.resume_from, want_reference=True)
     if config.gradient_checkpointing:  # active in train mode only: generation keeps its KV cache
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        lm = causal_lm(model)
+        if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.eval()
     domain = get_domain(config.domain)
-    policy = HFPolicy((model, tokenizer), temperature=config.temperature, max_new_tokens=config.max_new_tokens,
-                      seed=config.seed)
+    user = make_user(config.user)
     episode = EpisodeConfig(max_turns=config.max_turns, require_outputs=False)  # as the paper trains
-    engine = RolloutEngine(domain, policy, make_user(config.user), episode, group_size=config.group_size,
-                           common_user_seed=True, seed=config.seed, progress=progress)
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,
                               kl_beta=config.kl_beta)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
+    history: list[dict[str, Any]] = []
+    if run.resume_from is not None:  # last: restores the random generators as they were at the save
+        state = load_trainer_state(run.resume_from, dist)
+        optimizer.load_state_dict(state["optimizer"])
+        history = state["metrics"]
+    trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="grpo")
     tasks = domain.tasks(config.split)
     order = random.Random(config.seed).sample(tasks, len(tasks))
-    writer = SummaryWriter(str(out / "tensorboard"))
-    history = []
-    with (out / "metrics.jsonl").open("w") as log:
-        for step in range(config.steps):
+    console = Console() if progress and dist.main else None
+    try:
+        for step in range(run.start_step, config.steps):
             chosen = [order[(step * config.tasks_per_step + k) % len(order)] for k in range(config.tasks_per_step)]
             began = time.perf_counter()
             model.eval()
-            groups = asyncio.run(engine.run(chosen))
+            # a fresh policy per step: its sampling generators depend on (seed, step, task, episode order)
+            # only, so a resumed run samples what an uninterrupted one would have sampled
+            policy = HFPolicy((causal_lm(model), tokenizer), temperature=config.temperature,
+                              max_new_tokens=config.max_new_tokens, seed=_step_seed(config.seed, step))
+            engine = RolloutEngine(domain, policy, user, episode, group_size=config.group_size,
+                                   common_user_seed=True, seed=config.seed, progress=console is not None)
+            local = dist.share(chosen)
+            mine = asyncio.run(engine.run(local)) if local else []
+            gathered = dist.gather(mine)
+            groups = [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
             rollout_s = time.perf_counter() - began
             rewards = torch.tensor([[t.reward.reward if t.reward else 0.0 for t in g] for g in groups])
             advantages = algorithm.advantages(rewards)
             keep = informative_groups(rewards) if config.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
-            batch = [(t, float(advantages[g, m])) for g, group in enumerate(groups) if keep[g]
-                     for m, t in enumerate(group)
-                     if sum(t.loss_mask) and not (config.mask_sim_faults and t.sim_fault)]
+            trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not (config.mask_sim_faults and t.sim_fault)
+                        for t in group] for g, group in enumerate(groups)]
+            batch = [(g, t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)
+                     if trained[g][m]]
             stats, ref_s, update_s = {}, 0.0, 0.0
             if batch:
-                stats, ref_s, update_s = policy_update(model, reference, optimizer, algorithm, batch, config)
-                policy.weights_updated()
+                totals = (float(sum(sum(t.loss_mask) for _, t, _ in batch)), float(len(batch)))
+                share = [(t, a) for g, t, a in batch if g % dist.world == dist.rank]
+                stats, ref_s, update_s = policy_update(model, reference, optimizer, algorithm, share, config,
+                                                       dist, totals)
+            if dist.main:
+                _write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
             record = {"step": step + 1, **rollout_metrics(groups), **stats, "trained_sequences": len(batch),
                       "rollout_s": rollout_s, "reference_s": ref_s, "update_s": update_s,
                       "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9)}
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            for key, value in record.items():
-                if isinstance(value, int | float):
-                    writer.add_scalar(key, value, step + 1)
             history.append(record)
-    writer.close()
-    checkpoint = save_model(out, model, tokenizer)
+            trackers.log(record, step + 1)
+            if console is not None:
+                console.print(f"[bold]grpo step {step + 1}/{config.steps}[/bold] reward {record['reward']:.3f} "
+                              f"loss {record.get('loss', 0.0):+.4f} kl {record.get('kl', 0.0):.4f} "
+                              f"trained {len(batch)} in {rollout_s + ref_s + update_s:.1f} s")
+            if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
+                save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
+                                {"step": step + 1, "optimizer": optimizer.state_dict(), "metrics": history},
+                                keep=config.keep_checkpoints)
+    finally:
+        trackers.close()
+    checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
+    dist.barrier()
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history}
+
+
+def _step_seed(seed: int, step: int) -> int:
+    """The policy's sampling seed for one step."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:step:{step}".encode()).digest()[:8], "big") >> 1
+
+
+def _write_rollouts(out: Path, step: int, groups: list[list[Trajectory]], advantages: torch.Tensor,
+                    trained: list[list[bool]]) -> Path:
+    """``out/rollouts/step_{step:06d}.jsonl``: every episode of the step with its group, member and advantage.
+
+    Written whole and renamed into place, so a reader (the viewer) never sees half a step.
+    """
+    folder = out / "rollouts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step:06d}.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for g, group in enumerate(groups):
+            for m, traj in enumerate(group):
+                traj.metadata.update(step=step, group=g, member=m, advantage=float(advantages[g, m]),
+                                     trained=trained[g][m])
+                f.write(traj.model_dump_json() + "\n")
+    tmp.replace(path)
+    return path
 
 
 def preset(name: str, **overrides: Any) -> GRPOConfig:

@@ -24,6 +24,11 @@ class Batch:
     loss_mask: torch.Tensor  # [rows, length] float, 1 where the token is a target
     real: torch.Tensor  # [rows, length] bool, False on padding
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch on ``device``."""
+        return Batch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.attention_mask,
+                                               self.loss_mask, self.real)))
+
     @property
     def real_tokens(self) -> int:
         return int(self.real.sum())

@@ -12,7 +12,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,14 @@ import torch
 
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record
-from muarl.train import from_preset, save_model, start_run
+from muarl.train import autocast, from_preset
+from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
+from muarl.train.distributed import setup
 from muarl.train.packing import collate, plan_rows, token_loss
+from muarl.train.run import open_run
+from muarl.train.trackers import Trackers
+from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 from muarl.types import ToolSpec
 
 
@@ -42,6 +47,17 @@ class SFTConfig:
     grad_clip: float = 1.0
     packing: bool = True
     seed: int = 0
+    bf16: bool | None = None  # autocast forwards to bfloat16; None: where CUDA supports it
+    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"  # or comma-separated module names, e.g. "q_proj,v_proj"
+    merge_lora: bool = True  # also write the adapter merged into the base as out/model
+    save_every: int = 20  # optimizer steps between checkpoints (0: only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
+    resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
+    report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
+    device: str | None = None  # None: this process's GPU when there is one, else the CPU
 
 
 #: ``paper``: MUA-RL's cold start (AdamW, lr 5e-6 with cosine decay, 2 epochs, batch 128).
@@ -83,60 +99,91 @@ def cosine(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def batch_schedule(n: int, config: SFTConfig) -> list[tuple[int, list[int]]]:
+    """Every optimizer step's (epoch, example indices), fixed by the seed: the data position is the step."""
+    rng = random.Random(config.seed)
+    steps = []
+    for epoch in range(config.epochs):
+        order = list(range(n))
+        rng.shuffle(order)
+        steps += [(epoch, order[s:s + config.batch_size]) for s in range(0, n, config.batch_size)]
+    return steps
+
+
 def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
-    """Run SFT; writes ``out/model`` (checkpoint), ``out/metrics.jsonl`` and ``out/config.json``."""
-    out, model, tokenizer = start_run(config)
+    """Run SFT; writes ``out/model`` (checkpoint), ``metrics.jsonl``, ``config.json``, ``checkpoints/step_N/``
+    and the chosen trackers' logs. Resumes from the newest checkpoint in ``out`` unless ``config.resume``
+    is False. Under ``accelerate launch`` each process packs and trains on its share of every batch."""
+    dist = setup(config.device)
+    run = open_run(config, dist)
+    model, _, tokenizer = load_trainable(config, config.device, run.resume_from)
     model.train()
     examples = load_examples(config.data, tokenizer)
     longest = max(len(e) for e in examples)
     max_len = max(config.max_len, longest)
-    steps_per_epoch = math.ceil(len(examples) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    schedule_ = batch_schedule(len(examples), config)
+    total_steps = len(schedule_)
+    params = trainable_parameters(model)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine(s, total_steps, config.warmup_steps))
-    rng = random.Random(config.seed)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history: list[dict[str, Any]] = []
-    step = 0
-    with (out / "metrics.jsonl").open("w") as log, _bar(progress, total_steps) as advance:
-        for epoch in range(config.epochs):
-            order = list(range(len(examples)))
-            rng.shuffle(order)
-            for start in range(0, len(order), config.batch_size):
-                batch = [examples[i] for i in order[start:start + config.batch_size]]
+    if run.resume_from is not None:  # last: restores the random generators as they were at the save
+        state = load_trainer_state(run.resume_from, dist)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["scheduler"])
+        history = state["metrics"]
+    trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="sft")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    precision = autocast(config.bf16, params[0].device)
+    try:
+        with _bar(progress and dist.main, total_steps, run.start_step) as advance:
+            for step in range(run.start_step, total_steps):
+                epoch, indices = schedule_[step]
+                batch = [examples[i] for i in indices]
                 began = time.perf_counter()
-                rows = plan_rows([len(e) for e in batch], max_len) if config.packing else [[i] for i in range(len(batch))]
-                targets = sum(sum(e.mask[1:]) for e in batch)
-                loss_sum, padding = 0.0, []
+                # longest first, dealt round-robin: every process gets a similar number of tokens
+                local = [batch[i] for i in dist.share(sorted(range(len(batch)), key=lambda i: -len(batch[i])))]
+                rows = plan_rows([len(e) for e in local], max_len) if config.packing else [[i] for i in range(len(local))]
+                targets = sum(sum(e.mask[1:]) for e in batch)  # of the whole batch: the gradient is its token-mean
+                loss_sum, padding = 0.0, 0.0
                 optimizer.zero_grad(set_to_none=True)
                 for row in rows:  # gradient accumulation: one packed row per forward pass
-                    micro = collate(batch, [row], pad)
-                    total, _ = token_loss(model, micro)
+                    micro = collate(local, [row], pad)
+                    with precision:
+                        total, _ = token_loss(model, micro.to(params[0].device))
                     (total / targets).backward()
                     loss_sum += float(total.detach())
-                    padding.append(micro.padding_fraction)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+                    padding += micro.padding_fraction
+                dist.all_reduce_grads(params)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
                 optimizer.step()
                 schedule.step()
-                step += 1
-                record = {"step": step, "epoch": epoch, "loss": loss_sum / targets, "lr": schedule.get_last_lr()[0],
-                          "grad_norm": grad_norm, "target_tokens": targets, "rows": len(rows),
-                          "padding": sum(padding) / len(padding),
+                n_rows = dist.sum(len(rows))
+                record = {"step": step + 1, "epoch": epoch, "loss": dist.sum(loss_sum) / targets,
+                          "lr": schedule.get_last_lr()[0], "grad_norm": grad_norm, "target_tokens": targets,
+                          "rows": int(n_rows), "padding": dist.sum(padding) / max(n_rows, 1),
                           "tokens_per_s": sum(len(e) for e in batch) / (time.perf_counter() - began)}
-                log.write(json.dumps(record) + "\n")
-                log.flush()
                 history.append(record)
+                trackers.log(record, step + 1)
                 advance(record)
-    checkpoint = save_model(out, model, tokenizer)
-    return {"steps": step, "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
-            "checkpoint": str(checkpoint)}
+                if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == total_steps:
+                    save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
+                                    {"step": step + 1, "optimizer": optimizer.state_dict(),
+                                     "scheduler": schedule.state_dict(), "metrics": history},
+                                    keep=config.keep_checkpoints)
+    finally:
+        trackers.close()
+    checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
+    dist.barrier()
+    return {"steps": len(history), "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
+            "checkpoint": str(checkpoint), "metrics": history}
 
 
 class _bar:
     """A rich progress bar over optimizer steps (a no-op when disabled)."""
 
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled, total
+    def __init__(self, enabled: bool, total: int, done: int = 0):
+        self.enabled, self.total, self.done = enabled, total, done
 
     def __enter__(self) -> Any:
         if not self.enabled:
@@ -146,7 +193,7 @@ class _bar:
         self.progress = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.fields[stats]}"))
         self.progress.__enter__()
-        task = self.progress.add_task("sft", total=self.total, stats="")
+        task = self.progress.add_task("sft", total=self.total, completed=self.done, stats="")
         return lambda r: self.progress.update(task, advance=1, stats=f"loss {r['loss']:.3f} lr {r['lr']:.2e}")
 
     def __exit__(self, *exc: Any) -> None:

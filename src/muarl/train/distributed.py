@@ -1,0 +1,102 @@
+"""Data parallelism across processes: every rank holds the whole model and does its share of the work.
+
+Launched with ``accelerate launch --multi_gpu --num_processes N`` (on a machine without CUDA accelerate
+still starts N processes and the group talks over gloo), or with ``torchrun``; a plain ``python -m
+muarl ...`` is one process and none of this costs anything. Each rank plays / trains on its own share of
+a step's data; gradients are summed over ranks with one all-reduce per step, and every loss is
+normalised by the *global* token (or sequence) count, so the summed gradient is exactly the gradient of
+the whole batch's loss, whatever share each rank had. Only rank 0 writes files.
+
+Why not wrap the model in ``DistributedDataParallel``: DDP all-reduces at every ``backward``, so ranks
+with different numbers of micro-batches (episodes differ in length and count per rank) would deadlock or
+need dummy passes, and the rollout engine needs the bare model anyway. One explicit all-reduce after the
+last micro-batch is simpler and exact.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Dist:
+    """This process's place in the group (rank 0 of 1 when not launched for several processes)."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        """Whether this process writes files and shows progress."""
+        return self.rank == 0
+
+    def share(self, items: list[Any]) -> list[Any]:
+        """This rank's part of ``items`` (round-robin, so every rank gets a near-equal count)."""
+        return items[self.rank::self.world]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (picklable objects; ``[obj]`` for one process)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def sum(self, value: float) -> float:
+        """A number summed over ranks."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t)
+        return float(t.item())
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients of ``params`` over ranks (one flat buffer, one collective)."""
+        if self.world == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
+            offset += n
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
+def setup(device: str | None = None) -> Dist:
+    """Join the process group when launched for several processes; pick the device.
+
+    ``device`` None means CUDA when there is one (the rank's own GPU), else the CPU.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return Dist(0, 1, chosen)
+    from accelerate import PartialState
+
+    state = PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+    if not torch.distributed.is_initialized():
+        raise RuntimeError("WORLD_SIZE > 1 but no process group could be initialised")
+    dev = state.device if state.device.type != "cpu" else torch.device("cpu")
+    return Dist(state.process_index, state.num_processes, dev)
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """A SHA-256 over every parameter's name and exact bytes: equal digests mean identical weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

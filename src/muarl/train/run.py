@@ -1,0 +1,65 @@
+"""A training run's directory: fresh start or resume, the recorded config, seeding.
+
+Resuming is automatic (``resume=None``): when ``out`` holds a complete checkpoint, the run continues from
+the newest one, so re-running the command that was interrupted is all it takes. ``resume=True`` insists
+on a checkpoint (an error when there is none); ``resume=False`` starts over and deletes the old
+checkpoints. A resume refuses a config that differs from the recorded one in anything that changes what
+the steps compute (model, data, learning rate, seeds ...), naming the fields; only the fields in
+:data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size) may differ.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from muarl.train.checkpoint import checkpoints_dir, latest_checkpoint, remove_partial
+from muarl.train.distributed import Dist
+
+#: config fields a resumed run may change without changing what the remaining steps compute
+MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoints", "report_to", "micro_batch_size",
+              "merge_lora", "progress"}
+
+
+@dataclass
+class Run:
+    """Where a run writes, and the checkpoint it resumes from (None on a fresh start)."""
+
+    out: Path
+    resume_from: Path | None
+    start_step: int
+
+
+def open_run(config: Any, dist: Dist) -> Run:
+    """Decide fresh start or resume, check the config against the recorded one, record it, seed."""
+    out = Path(config.out)
+    latest = latest_checkpoint(out)
+    mode = getattr(config, "resume", None)
+    if mode is True and latest is None:
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {checkpoints_dir(out)}")
+    resume = latest if mode is not False else None
+    dist.barrier()  # every rank has looked before rank 0 changes anything
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+        remove_partial(out)
+        if resume is None and mode is False and checkpoints_dir(out).exists():
+            shutil.rmtree(checkpoints_dir(out))
+    if resume is not None:
+        recorded = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+        current = asdict(config)
+        differ = sorted(k for k in set(recorded) | set(current)
+                        if k not in MAY_CHANGE and recorded.get(k) != current.get(k))
+        if differ:
+            detail = "; ".join(f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in differ)
+            raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "
+                             "that run. Use another --out, or --no-resume to start over (deletes its checkpoints)")
+    if dist.main:
+        (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
+    dist.barrier()
+    torch.manual_seed(config.seed)
+    return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
