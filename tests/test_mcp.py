@@ -34,13 +34,13 @@ pytestmark = pytest.mark.slow  # real server processes; about 3 s of start-up ea
 
 
 def _round_trip_tasks(retail: Domain) -> list[Task]:
-    """One test task per write kind (cancel, modify, return ...) plus a read-only one: 4 tasks."""
+    """A read-only test task and two with writes of different kinds."""
     picked: dict[str, Task] = {}
     for task in retail.tasks("test"):
         first = task.gold_actions[0].name if task.gold_actions else "read only"
         picked.setdefault(first, task)
     kinds = ["read only"] + sorted(k for k in picked if k != "read only")
-    return [picked[k] for k in kinds[:4]]
+    return [picked[k] for k in kinds[:3]]
 
 
 def _play(domain: Domain, tasks: list[Task]) -> list[Trajectory]:
@@ -90,14 +90,14 @@ def http_retail(http_url: str) -> MCPDomain:
 
 
 def test_stdio_round_trip_matches_in_process(retail: Domain) -> None:
-    """The expert against the scripted user, tools over MCP (one server process per episode, 4 at once),
+    """The expert against the scripted user, tools over MCP (one server process per episode, 3 at once),
     gives the in-process run's tool outputs, messages and reward 1.0; the schemas listed are muarl's."""
     domain = mcp_domain(ServerSpec.muarl("retail"), base="retail")
     for proxy in domain.tools:  # names, descriptions and JSON schemas all came from the server's listing
         assert proxy.spec == retail.agent_tools[proxy.name].spec
     assert [t.name for t in domain.tools] == [t.name for t in retail.tools]
     tasks = _round_trip_tasks(retail)
-    assert sum(bool(t.gold_actions) for t in tasks) >= 3
+    assert sum(bool(t.gold_actions) for t in tasks) == 2
     _assert_same_episodes(_play(domain, tasks), _play(retail, tasks))
 
 
@@ -178,12 +178,14 @@ class _ConvertSession(PolicySession):
 
     async def next(self, new_messages: list[Message]) -> AgentTurn:
         self.step += 1
-        if self.step == 1:
+        if self.step == 1:  # a lookup, a call the server rejects, then the conversion itself
             args = self.task.context["convert"]
             return AgentTurn(message=Message(role="assistant", tool_calls=[
-                ToolCall(id="c1", name="convert_time", arguments=args)]))
+                ToolCall(id="c0", name="get_current_time", arguments={"timezone": "Asia/Tokyo"}),
+                ToolCall(id="c1", name="convert_time", arguments={**args, "source_timezone": "Mars/Olympus"}),
+                ToolCall(id="c2", name="convert_time", arguments=args)]))
         if self.step == 2:
-            result = json.loads(next(m.content for m in new_messages if m.role == "tool"))
+            result = json.loads([m.content for m in new_messages if m.role == "tool"][-1])
             when = datetime.fromisoformat(result["target"]["datetime"]).strftime("%H:%M")
             return AgentTurn(message=Message(role="assistant", content=f"It will be {when} in Tokyo."))
         return AgentTurn(message=Message(role="assistant", content="Glad to help. Goodbye!"))
@@ -210,16 +212,14 @@ def test_third_party_time_server_as_a_domain() -> None:
     assert tools["convert_time"].parameters["required"] == ["source_timezone", "time", "target_timezone"]
     task = _time_task(domain.name)
     domain.fixed_tasks = [task]
-    env = domain.env(task)
-    now = env.call("get_current_time", {"timezone": "Asia/Tokyo"})
-    assert now.ok and json.loads(now.output)["timezone"] == "Asia/Tokyo"
-    bad = env.call("convert_time", {"source_timezone": "Mars/Olympus", "time": "14:00", "target_timezone": "UTC"})
-    assert not bad.ok and bad.error == "domain" and bad.output.startswith("Error") and "Mars/Olympus" in bad.output
-    assert env.call("launch_rocket", {}).error == "unknown_tool"
-    env.close()
+    unknown = domain.env(task).call("launch_rocket", {})  # answered by muarl: the name is not listed
+    assert unknown.error == "unknown_tool" and "convert_time, get_current_time" in unknown.output
     traj = asyncio.run(run_episode(domain, task, ConvertTimePolicy(), ScriptedUser(), seed=0))
+    now, bad, good = traj.tool_log
+    assert now.ok and json.loads(now.output)["timezone"] == "Asia/Tokyo"
+    assert not bad.ok and bad.error == "domain" and bad.output.startswith("Error") and "Mars/Olympus" in bad.output
+    assert good.ok and json.loads(good.output)["source"]["timezone"] == "America/New_York"
     assert traj.stop_reason == "user_stop", traj.messages
-    assert [r.name for r in traj.tool_log] == ["convert_time"] and traj.tool_log[0].ok
     assert traj.reward is not None and traj.reward.reward == 1.0 and traj.reward.outputs_ok
     assert not traj.tool_fault
 

@@ -207,12 +207,13 @@ class RemoteSession:
                 await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
             except asyncio.TimeoutError:
                 self.fault = f"the tool server did not start within {self.connect_timeout:g} s ({self.spec.describe()})"
-                await self._aclose()
+                await self._aclose(wait=0)  # still in the handshake: nothing to close politely
             except Exception as err:  # noqa: BLE001
                 self.fault = f"could not start the tool server {self.spec.describe()}: {_describe(err)}"
-                await self._aclose()
+                await self._aclose(wait=0)
 
     async def _aclose(self, wait: float = 10.0) -> None:
+        """Leave the client context (ending a stdio server); cancel it if that takes over ``wait`` s."""
         if self._closing is not None:
             self._closing.set()
         if self._runner is not None and not self._runner.done():
@@ -220,6 +221,8 @@ class RemoteSession:
                 await asyncio.wait_for(asyncio.shield(self._runner), wait)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001
                 self._runner.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(self._runner, 10)
 
     # -- calls ----------------------------------------------------------------------------------------
     async def _call(self, name: str, arguments: Mapping[str, Any]) -> CallOutcome:
@@ -246,7 +249,7 @@ class RemoteSession:
             kind = (result.meta or {}).get(ERROR_META) or "domain"
             text = text if text.startswith("Error") else f"Error: {text}"
             return CallOutcome(False, text, kind, structured)
-        await self._aclose()
+        await self._aclose(wait=2.0)  # a hung server gets little patience
         return CallOutcome(False, f"Error: {self.fault}", "tool_fault")
 
     async def _list_tools(self) -> list[RemoteTool]:

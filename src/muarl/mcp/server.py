@@ -185,6 +185,6 @@ def serve_http(domain: Domain, host: str = "127.0.0.1", port: int = 8000, max_se
     import uvicorn
 
     server = build_server(domain, stdio=False, max_sessions=max_sessions)
-    app = server.streamable_http_app(host=host)
+    app = server.streamable_http_app(host=host, json_response=True)  # plain JSON replies: no SSE stream per call
     print(f"muarl: serving {domain.name} over MCP at http://{host}:{port}/mcp", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
