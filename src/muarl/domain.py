@@ -62,6 +62,9 @@ class Domain:
     scripted_user: UserSimulator | None = None
     #: whether writes need an authenticated user (reported as a violation otherwise)
     requires_auth: bool = True
+    #: the built-in domain this one is a narrowed view of (same world, fewer tools, shorter policy), so
+    #: that its expert script applies; empty for a domain of its own
+    base: str = ""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -147,7 +150,8 @@ def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
 _REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
 #: name prefixes served by muarl.bridges.<prefix> (tau2-bench and BFCL domains, optional extras)
 _BRIDGES = ("tau2:", "bfcl:")
-_BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom"}
+_BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom",
+             "retail-lite": "muarl.domains.retail_lite"}
 
 
 def register(domain: Domain | Callable[[], Domain], name: str | None = None) -> None:

@@ -231,8 +231,8 @@ class EchoPolicy(Policy):
         self.console = console
         self.name = inner.name
 
-    def session(self, domain: Domain, task: Task) -> EchoSession:
-        return EchoSession(self.inner.session(domain, task), self.console)
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> EchoSession:
+        return EchoSession(self.inner.session(domain, task, seed=seed), self.console)
 
 
 class EchoSession(PolicySession):

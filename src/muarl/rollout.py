@@ -43,12 +43,16 @@ async def run_episode(
     user: UserSimulator,
     seed: int = 0,
     config: EpisodeConfig | None = None,
+    policy_seed: int | None = None,
 ) -> Trajectory:
-    """Play one episode of ``task`` and return its scored trajectory."""
+    """Play one episode of ``task`` and return its scored trajectory.
+
+    ``seed`` is the user's; ``policy_seed`` fixes the agent's sampling (see :meth:`Policy.session`).
+    """
     config = config or EpisodeConfig()
     domain = domain.for_task(task)
     env = domain.env(task)
-    agent = policy.session(domain, task)
+    agent = policy.session(domain, task, seed=policy_seed)
     traj = Trajectory(task_id=task.id, domain=domain.name, user_seed=seed)
     try:
         reason, fault = await _play(env, task, agent, user.session(task, seed), traj, config)
@@ -188,7 +192,8 @@ class RolloutEngine:
                 async def one(task: Task, member: int) -> None:
                     async with gate:
                         traj = await run_episode(self.domain, task, self.policy, self.user,
-                                                 self._seed(task, member), self.config)
+                                                 self._seed(task, member), self.config,
+                                                 policy_seed=user_seed(self.seed, f"{task.id}/agent", member))
                     traj.metadata["member"] = member
                     results[(task.id, member)] = traj
                     if sink is not None:

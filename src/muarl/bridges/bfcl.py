@@ -351,7 +351,7 @@ class GroundTruthPolicy(Policy):
 
     name = "bfcl-ground-truth"
 
-    def session(self, domain: Domain, task: Task) -> PolicySession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
         category = task.domain.split(":", 1)[1]
         return _TruthSession(category_data(category).answers[task.id])
 

@@ -58,5 +58,9 @@ class Policy(ABC):
     name: str = "policy"
 
     @abstractmethod
-    def session(self, domain: Domain, task: Task) -> PolicySession:
-        """A fresh session for one episode of ``task`` in ``domain``. Only the expert may read the task."""
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
+        """A fresh session for one episode of ``task`` in ``domain``. Only the expert may read the task.
+
+        ``seed`` fixes the session's sampling: the episode engine derives it from (run seed, task, group
+        member), so a resumed run samples its remaining episodes exactly as an uninterrupted one would.
+        """

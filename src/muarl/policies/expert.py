@@ -62,7 +62,7 @@ class ExpertPolicy(Policy):
     def __init__(self, skip_confirmation: bool = False):
         self.skip_confirmation = skip_confirmation
 
-    def session(self, domain: Domain, task: Task) -> ExpertSession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> ExpertSession:
         return ExpertSession(domain, task, self.skip_confirmation)
 
 
@@ -81,7 +81,7 @@ class ExpertSession(PolicySession):
         self._ids = itertools.count()
         scripts: dict[str, Callable[[], Script]] = {"retail": self._retail, "airline": self._airline,
                                                     "telecom": self._telecom}
-        self._script = scripts.get(domain.name, self._unknown)()
+        self._script = scripts.get(domain.base or domain.name, self._unknown)()
         self._started = False
 
     async def next(self, new_messages: list[Message]) -> AgentTurn:

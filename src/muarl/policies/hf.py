@@ -533,9 +533,10 @@ class HFPolicy(Policy):
             self._formats[domain.name] = ChatFormat(self.tokenizer, [t.spec for t in domain.tools])
         return self._formats[domain.name]
 
-    def session(self, domain: Domain, task: Task) -> HFSession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> HFSession:
         self._sessions += 1
-        digest = hashlib.sha256(f"{self.seed}:{task.id}:{self._sessions}".encode()).digest()
+        which = self._sessions if seed is None else f"episode {seed}"
+        digest = hashlib.sha256(f"{self.seed}:{task.id}:{which}".encode()).digest()
         generator = torch.Generator(device=self.engine.device).manual_seed(int.from_bytes(digest[:8], "big") >> 1)
         return HFSession(self, self.chat_format(domain), _Sequence(generator=generator))
 

@@ -56,9 +56,9 @@ class OpenAIPolicy(Policy):
         self.seed = seed
         self._sessions = itertools.count()
 
-    def session(self, domain: Domain, task: Task) -> OpenAIPolicySession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> OpenAIPolicySession:
         tools = [t.spec.openai_schema() for t in domain.tools]
-        rng_seed = (self.seed or 0) * 1_000_003 + next(self._sessions)
+        rng_seed = (self.seed or 0) * 1_000_003 + (next(self._sessions) if seed is None else seed)
         return OpenAIPolicySession(self, tools, random.Random(rng_seed))
 
 
