@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from muarl.domain import Domain
+from muarl.domain import Domain, get_domain
 from muarl.gold import gold_score
 from muarl.mcp import MCPDomain, ServerSpec, mcp_domain
 from muarl.mcp.client import RemoteSession
@@ -331,3 +331,16 @@ def test_cli_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mcp-tools", sys.executable + " -c 'import sys; sys.exit(1)'", "--timeout", "20"]) == 2
     assert "cannot reach MCP server" in capsys.readouterr().err
 
+
+
+def test_mcp_domain_spec_runs_the_rollout_cli(http_url: str, tmp_path: Path) -> None:
+    """``--domain mcp:retail@URL`` is a domain like any other for every command."""
+    from muarl.cli import main
+
+    domain = get_domain(f"mcp:retail@{http_url}")
+    assert isinstance(domain, MCPDomain) and domain.mirror is get_domain("retail") and len(domain.tools) == 16
+    out = tmp_path / "run"
+    assert main(["rollout", "--domain", f"mcp:retail@{http_url}", "--split", "test", "--policy", "expert",
+                 "--user", "scripted", "--limit", "3", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 3 and summary["success"] == 1.0
