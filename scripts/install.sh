@@ -33,5 +33,18 @@ if [[ -n "$extras" ]]; then
   "$PY" -m pip install --quiet loguru toml PyYAML addict deepdiff python-dotenv docstring-parser pandas mpmath
   # a third-party MCP server from PyPI for the MCP tests (same pin as the mcp-servers extra)
   "$PY" -m pip install --quiet "mcp-server-time==2026.10.19"
+  # The HTML viewer's browser test drives Debian's chromium + chromedriver through selenium (extra view).
+  # apt runs only when one of them is missing, so a second install is instant.
+  "$PY" -m pip install --quiet "selenium>=4.15"
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+      echo "install: chromium and chromedriver for the viewer's browser test (apt)"
+      apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+      echo "install: warning: install chromium and chromedriver (Debian: chromium chromium-driver) for" \
+           "tests/test_viewer_browser.py, or point MUARL_CHROMIUM / MUARL_CHROMEDRIVER at them" >&2
+    fi
+  fi
 fi
 echo "install: muarl $("$PY" -c 'import muarl; print(muarl.__version__)') ready"

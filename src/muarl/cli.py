@@ -277,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     from muarl.train.cli import add_commands as _train_options; _train_options(sub)  # noqa: E702, I001
     # -- eval / compare / chat / view (issue 5) --
     from muarl.eval_cli import add_commands as _eval_commands; _eval_commands(sub)  # noqa: E702, I001
+    from muarl.report.cli import add_commands as _view_commands; _view_commands(sub)  # noqa: E702, I001
     # -- serve-mcp (issue 6) --
     from muarl.mcp.cli import add_commands as _mcp; _mcp(sub)  # noqa: E702, I001
     return parser
