@@ -168,7 +168,7 @@ class ConvertTimePolicy(Policy):
 
     name = "convert-time"
 
-    def session(self, domain: Domain, task: Task) -> PolicySession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
         return _ConvertSession(task)
 
 
@@ -233,7 +233,7 @@ class CallsPolicy(Policy):
     def __init__(self, calls: list[str]):
         self.calls = calls
 
-    def session(self, domain: Domain, task: Task) -> PolicySession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
         return _CallsSession(list(self.calls))
 
 
