@@ -305,3 +305,29 @@ def test_evaluation_tables_show_every_metric_and_task(eval_run):
             assert f"<th>{key}</th>" in section
     for row in results["tasks"]:
         assert f"<td>{row['task_id']}</td>" in section
+
+
+@pytest.mark.slow
+def test_a_real_grpo_run_shows_its_step_groups_curves_and_tokens(tmp_path):
+    """What ``muarl grpo`` itself writes (rollouts/step_*.jsonl, metrics.jsonl, model/) is read as is."""
+    from muarl.train.grpo import preset, train_grpo
+
+    out = tmp_path / "grpo"
+    train_grpo(preset("tiny", out=str(out), steps=1, tasks_per_step=2, group_size=2, max_new_tokens=12,
+                      max_turns=2), progress=False)
+    step_file = out / "rollouts" / "step_000001.jsonl"
+    written = _trajs(step_file)
+    blob = _blob(build_report(out).read_text())
+    assert blob["tokenizer"] == str(out / "model") and blob["vocab"]
+    assert len(blob["groups"]) == 2
+    for g in blob["groups"]:
+        assert g["advantage_source"] == "recorded" and g["step"] == 1
+        members = [written[i] for i in g["members"]]
+        assert {m.task_id for m in members} == {g["task_id"]}
+        assert g["advantages"] == [m.metadata["advantage"] for m in members]
+    shown = blob["trajectories"]
+    assert [t["meta"]["trained"] for t in shown] == [t.metadata["trained"] for t in written]
+    assert [sum(t["tokens"]["mask"][1::2]) for t in shown] == [sum(t.loss_mask) for t in written]
+    html = build_report(out).read_text()
+    for title in ("reward", "KL to reference (k3)", "entropy", "loss", "grad norm"):
+        assert f'aria-label="{title}"' in html

@@ -5,8 +5,8 @@
   against gold and violations): ``trajectories.jsonl`` + ``results.json``;
 - a training-style run: the embedded tiny model (an end-of-turn bias so its turns end and the user
   answers) plays groups of two on two steps' worth of train tasks; every step's file
-  ``rollouts/step_00000N.jsonl`` carries metadata step / member / advantage (GRPO advantages from
-  ``muarl.algorithms``), ``metrics.jsonl`` holds ``muarl.train.grpo.rollout_metrics`` of each step, the
+  ``rollouts/step_00000N.jsonl`` carries metadata step / group / member / advantage / trained as
+  ``muarl grpo`` writes them (GRPO advantages from ``muarl.algorithms``), ``metrics.jsonl`` holds ``muarl.train.grpo.rollout_metrics`` of each step, the
   tokenizer is saved in ``model/``. A third step groups a real expert episode with a real
   expert-noconfirm episode of the same change-of-mind task, so one group has non-zero advantages;
 - a telecom expert rollout (user tool calls on the phone), for the lanes' ordering.
@@ -61,7 +61,7 @@ def _write_step(out: Path, step: int, groups: list[list[Trajectory]]) -> None:
     with (out / "rollouts" / f"step_{step:06d}.jsonl").open("w") as f:
         for g, group in enumerate(groups):
             for m, traj in enumerate(group):
-                traj.metadata.update(step=step, member=m, advantage=float(adv[g, m]))
+                traj.metadata.update(step=step, group=g, member=m, advantage=float(adv[g, m]), trained=True)
                 f.write(traj.model_dump_json() + "\n")
     with (out / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": step, **rollout_metrics(groups)}) + "\n")

@@ -280,7 +280,8 @@ function groupCard(g) {
       const trained = t.tokens ? t.tokens.mask.filter((_, k) => k % 2).reduce((a, b) => a + b, 0) : null;
       return h("div", { class: "member " + advClass(adv).replace("adv", "edge") },
         h("div", {}, h("a", { href: `#traj/${i}` }, `member ${num(t.member)}`), " ", rewardBadge(t)),
-        h("div", { class: "adv" }, `advantage ${num(adv)}`),
+        h("div", { class: "adv" }, `advantage ${num(adv)}`,
+          t.meta.trained === false ? h("span", { class: "untrained" }, " (not in the update)") : null),
         h("div", {}, `${t.stop_reason}, ${t.turns} turns` + (trained !== null ? `, ${trained} agent tokens` : "")),
         h("div", {}, "tools: " + (t.events.filter((e) => e.lane === "agent" && e.kind === "call").map((e) => e.name).join(", ") || "none")),
         lastAgent ? h("div", { class: "snippet" }, (lastAgent.text || lastAgent.name || "").slice(0, 240)) : null,
