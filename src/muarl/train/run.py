@@ -49,8 +49,8 @@ def open_run(config: Any, dist: Dist) -> Run:
         remove_partial(out)
         if resume is None and mode is False and checkpoints_dir(out).exists():
             shutil.rmtree(checkpoints_dir(out))
-    if resume is not None:
-        recorded = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    if resume is not None and (out / "config.json").exists():
+        recorded = json.loads((out / "config.json").read_text())
         current = asdict(config)
         differ = sorted(k for k in set(recorded) | set(current)
                         if k not in MAY_CHANGE and recorded.get(k) != current.get(k))

@@ -1,0 +1,180 @@
+"""Checkpoints: a run killed with SIGKILL and resumed equals one never interrupted; saves are atomic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from muarl.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from muarl.train.distributed import Dist
+from muarl.train.run import open_run
+
+TESTS = Path(__file__).parent
+TIMING = ("rollout_s", "reference_s", "update_s", "tokens_per_s")
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _grpo_cmd(out: Path) -> list[str]:
+    return [sys.executable, "-m", "muarl", "grpo", "--preset", "tiny", "--domain", "train_fixtures:coin",
+            "--out", str(out), "--steps", "4", "--tasks-per-step", "2", "--group-size", "4",
+            "--max-new-tokens", "16", "--max-turns", "3", "--lr", "3e-3", "--save-every", "1",
+            "--keep-checkpoints", "0", "--no-progress"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.slow
+def test_grpo_killed_with_sigkill_resumes_to_the_same_metrics_weights_and_rollouts(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(_grpo_cmd(whole), env=_env(), check=True, capture_output=True, timeout=300)
+
+    proc = subprocess.Popen(_grpo_cmd(killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (killed / "checkpoints" / "step_2").exists():
+            assert proc.poll() is None, "the run ended before its second checkpoint"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert latest_checkpoint(killed)[0] in (2, 3)  # killed before the end: steps remain to be played
+    resumed = subprocess.run(_grpo_cmd(killed), env=_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    expected = _metrics(whole)
+    assert [m["step"] for m in expected] == [1, 2, 3, 4]
+    # the test is only worth something if the updates did something: rewards differ within groups
+    assert all(m["grad_norm"] > 0 for m in expected) and any(m["kl"] > 0 for m in expected)
+    assert _metrics(killed) == expected  # every metric of every step, bit for bit (timings aside)
+    a, b = load_file(whole / "model" / "model.safetensors"), load_file(killed / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = load_file(whole / "checkpoints" / "step_1" / "model" / "model.safetensors")
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # the weights moved after step 1
+    for step in range(1, 5):
+        name = f"rollouts/step_{step:06d}.jsonl"
+        ours = [json.loads(line) for line in (killed / name).read_text().splitlines()]
+        theirs = [json.loads(line) for line in (whole / name).read_text().splitlines()]
+        assert [(t["token_ids"], t["reward"]["reward"], t["metadata"]["advantage"]) for t in ours] == \
+               [(t["token_ids"], t["reward"]["reward"], t["metadata"]["advantage"]) for t in theirs]
+        assert {t["metadata"]["step"] for t in ours} == {step}
+        assert sorted((t["metadata"]["group"], t["metadata"]["member"]) for t in ours) == \
+               [(g, m) for g in range(2) for m in range(4)]
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory):
+    """Six short chat-format conversations (the resume logic, not the data, is under test: short is fast)."""
+    from muarl.domain import get_domain
+
+    think = [t.spec.openai_schema() for t in get_domain("retail").tools if t.name == "think"]
+    lines = []
+    for i in range(6):
+        call = {"id": "c0", "type": "function",
+                "function": {"name": "think", "arguments": json.dumps({"thought": f"order {i} is pending"})}}
+        messages = [{"role": "system", "content": "You help users with their orders."},
+                    {"role": "user", "content": f"Hi, please cancel order #W{1000 + i}."},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c0", "name": "think", "content": ""},
+                    {"role": "assistant", "content": f"Order #W{1000 + i} can be cancelled. Shall I go ahead?"},
+                    {"role": "user", "content": "yes" if i % 2 else "Yes, please."},
+                    {"role": "assistant", "content": f"Done: order #W{1000 + i} is cancelled."}]
+        lines.append(json.dumps({"messages": messages, "tools": think}))
+    data = tmp_path_factory.mktemp("sft") / "sft.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    return data
+
+
+@pytest.mark.slow
+def test_sft_resumed_after_a_kill_equals_the_uninterrupted_run(tmp_path, sft_data):
+    """The state a kill leaves: checkpoints up to step 2, metrics lines of later steps, a half-written save."""
+    import shutil
+
+    from muarl.train.sft import preset, train_sft
+
+    def config(out):
+        return preset("tiny", data=[str(sft_data)], out=str(out), epochs=2, batch_size=3, max_len=8192,
+                      save_every=1, keep_checkpoints=0, report_to="tensorboard")
+
+    whole = train_sft(config(tmp_path / "whole"), progress=False)
+    assert whole["steps"] == 4 and whole["metrics"][-1]["loss"] < whole["metrics"][0]["loss"]
+    crashed = tmp_path / "crashed"
+    shutil.copytree(tmp_path / "whole", crashed)
+    for step in (3, 4):
+        shutil.rmtree(crashed / "checkpoints" / f"step_{step}")
+    shutil.rmtree(crashed / "model")
+    (crashed / "checkpoints" / ".tmp-step_3").mkdir()  # killed in the middle of saving step 3
+    assert len(_metrics(crashed)) == 4  # the killed run had logged step 3 (and 4) after its last save
+    resumed = train_sft(config(crashed), progress=False)
+    assert _metrics(crashed) == _metrics(tmp_path / "whole")
+    assert [m["loss"] for m in resumed["metrics"]] == [m["loss"] for m in whole["metrics"]]
+    assert not (crashed / "checkpoints" / ".tmp-step_3").exists()
+    a, b = (load_file(p / "model" / "model.safetensors") for p in (tmp_path / "whole", crashed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the schedule resumed too: the learning rate of step 3 is the cosine's, not the warm-up's again
+    assert resumed["metrics"][2]["lr"] == whole["metrics"][2]["lr"]
+
+
+@dataclass
+class _Config:
+    out: str
+    lr: float = 1e-3
+    steps: int = 4
+    seed: int = 0
+    resume: bool | None = None
+
+
+def _fake_checkpoint(out: Path, step: int) -> Path:
+    return save_checkpoint(out, step, Dist(), lambda d: (d / "model").mkdir(), {"step": step, "metrics": []})
+
+
+def test_resume_is_automatic_refuses_a_changed_config_and_no_resume_starts_over(tmp_path):
+    run = open_run(_Config(str(tmp_path)), Dist())
+    assert run.resume_from is None and run.start_step == 0
+    _fake_checkpoint(tmp_path, 2)
+    _fake_checkpoint(tmp_path, 5)
+    run = open_run(_Config(str(tmp_path), steps=10), Dist())  # more steps: allowed
+    assert run.start_step == 5 and run.resume_from == tmp_path / "checkpoints" / "step_5"
+    with pytest.raises(ValueError, match=r"lr: 0.001 -> 0.01"):
+        open_run(_Config(str(tmp_path), lr=1e-2), Dist())
+    run = open_run(_Config(str(tmp_path), lr=1e-2, resume=False), Dist())
+    assert run.start_step == 0 and list_checkpoints(tmp_path) == []
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        open_run(_Config(str(tmp_path), resume=True), Dist())
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_and_old_ones_are_pruned(tmp_path):
+    _fake_checkpoint(tmp_path, 1)
+
+    def dies(directory: Path) -> None:
+        (directory / "model").mkdir()
+        (directory / "model" / "half.bin").write_bytes(b"x" * 100)
+        raise KeyboardInterrupt  # stands in for a kill during the write
+
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 2, Dist(), dies, {"step": 2})
+    assert latest_checkpoint(tmp_path)[0] == 1  # the half-written step 2 is invisible
+    open_run(_Config(str(tmp_path)), Dist())  # the next start clears the debris
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_1"]
+    for step in (2, 3, 4):
+        save_checkpoint(tmp_path, step, Dist(), lambda d: (d / "model").mkdir(), {"step": step}, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 4]
+    state = json.loads((tmp_path / "checkpoints" / "step_4" / "state.json").read_text())
+    assert state["step"] == 4 and state["world_size"] == 1

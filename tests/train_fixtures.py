@@ -1,0 +1,27 @@
+"""A domain for training tests whose reward the untrained tiny model can earn about half the time.
+
+The embedded model starts from random weights and never completes a real task, so every GRPO group is
+all-wrong and every advantage 0: a resume test on it would compare updates that do nothing. This domain
+is the retail world with a one-line policy and only the ``think`` tool (a short system turn: fast
+steps), graded by its own scorer (the public ``Domain.scorer`` hook): reward 1 when the sum of the
+agent's sampled token ids is even. A deterministic function of the sampled tokens, so groups disagree
+and updates are real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from muarl.domain import get_domain
+from muarl.types import Reward
+
+
+def _coin(domain, task, trajectory, env, require_outputs) -> Reward:
+    sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
+    win = sum(sampled) % 2 == 0
+    return Reward(reward=float(win), db_match=win, outputs_ok=True, outputs_required=False, tcr=float(win))
+
+
+_retail = get_domain("retail")
+coin = dataclasses.replace(_retail, name="coin", policy="Help the user with their order.",
+                           tools=[t for t in _retail.tools if t.name == "think"], scorer=_coin)
