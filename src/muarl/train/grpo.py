@@ -65,7 +65,8 @@ class GRPOConfig:
     max_new_tokens: int = 1024
     max_turns: int = 30
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update
-    mask_sim_faults: bool = True
+    mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
+    penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
     gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
     seed: int = 0
     micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
@@ -268,11 +269,12 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             gathered = dist.gather(mine)
             groups = [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
             rollout_s = time.perf_counter() - began
-            rewards = torch.tensor([[t.reward.reward if t.reward else 0.0 for t in g] for g in groups])
+            rewards = torch.tensor([[train_reward(t, config.penalize_violations) for t in g] for g in groups])
             advantages = algorithm.advantages(rewards)
             keep = informative_groups(rewards) if config.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
-            trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not (config.mask_sim_faults and t.sim_fault)
-                        for t in group] for g, group in enumerate(groups)]
+            masked = [[config.mask_sim_faults and (t.sim_fault or t.tool_fault) for t in group] for group in groups]
+            trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not masked[g][m] for m, t in enumerate(group)]
+                       for g, group in enumerate(groups)]
             batch = [(g, t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)
                      if trained[g][m]]
             stats, ref_s, update_s = {}, 0.0, 0.0
@@ -302,6 +304,13 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
     dist.barrier()
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history}
+
+
+def train_reward(traj: Trajectory, penalize_violations: bool = False) -> float:
+    """The reward GRPO trains on: the episode's binary reward, 0 if it broke a rule and that is penalized."""
+    if traj.reward is None:
+        return 0.0
+    return 0.0 if penalize_violations and traj.reward.violations else traj.reward.reward
 
 
 def _step_seed(seed: int, step: int) -> int:

@@ -87,10 +87,16 @@ def token_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]
     A target is a token with loss mask 1; its prediction comes from the previous position, which always
     belongs to the same conversation (a conversation's first token is never a target).
     """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids).logits[:, :-1].float()
-    targets = batch.input_ids[:, 1:]
-    weights = batch.loss_mask[:, 1:]
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                           reduction="none").view_as(weights)
-    return (ce * weights).sum(), int(weights.sum())
+    from muarl.train.weights import causal_lm
+
+    lm = causal_lm(model)
+    # One conversation per row (right-padded) needs no mask at all: causal attention never lets a real
+    # token see the padding after it, and without an explicit mask SDPA takes its fused kernel.
+    packed = bool((batch.position_ids[:, 1:] == 0).logical_and(batch.real[:, 1:]).any())
+    hidden = lm.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                      attention_mask=batch.attention_mask if packed else None).last_hidden_state
+    # The output head runs only where a target is predicted (agent tokens, a small share of a row).
+    rows, cols = torch.nonzero(batch.loss_mask[:, 1:], as_tuple=True)
+    logits = lm.get_output_embeddings()(hidden[rows, cols]).float()
+    ce = torch.nn.functional.cross_entropy(logits, batch.input_ids[rows, cols + 1], reduction="none")
+    return (ce * batch.loss_mask[rows, cols + 1]).sum(), int(rows.numel())
