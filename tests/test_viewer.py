@@ -146,7 +146,7 @@ def test_torn_and_bad_lines_become_warnings_and_the_file_is_left_untouched(eval_
 def test_a_record_that_is_not_a_trajectory_is_named(tmp_path):
     (tmp_path / "trajectories.jsonl").write_text(json.dumps({"task_id": "a", "domain": "retail", "turns": "x"}) + "\n")
     run = rd.load_run(tmp_path)
-    assert run.entries == [] and "record 1 is not a trajectory" in run.warnings[0]
+    assert run.entries == [] and "line 1 is not a trajectory" in run.warnings[0]
 
 
 def test_missing_and_empty_directories_are_clear_errors(tmp_path):

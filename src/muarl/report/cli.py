@@ -16,7 +16,7 @@ def view_cmd(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with console.status(f"building the report of {args.run_dir}"):
         path = build_report(args.run_dir, args.out, tokenizer=args.tokenizer,
-                            max_trajectories=args.max_trajectories or None, compress=args.compress)
+                            max_trajectories=args.max_trajectories, compress=args.compress)
     size = path.stat().st_size
     console.print(f"report: {size / 1024:.0f} KiB")
     print(path.resolve())

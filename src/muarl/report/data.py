@@ -99,8 +99,9 @@ def _step_of(path: Path) -> int | None:
 def load_run(run_dir: str | Path, max_trajectories: int | None = None) -> Run:
     """Read every known file of ``run_dir``; :class:`EmptyRunError` when there is nothing to show.
 
-    With ``max_trajectories`` a larger run keeps its first and last halves (the start and the end of
-    training, or of an evaluation) and records how many were left out.
+    With ``max_trajectories`` (0 or None: all) a larger run keeps its first and last halves (the start
+    and the end of training, or of an evaluation) and records how many were left out; the lines left
+    out are never parsed.
     """
     path = Path(run_dir)
     if not path.exists():
@@ -116,30 +117,45 @@ def load_run(run_dir: str | Path, max_trajectories: int | None = None) -> Run:
     if (path / "metrics.jsonl").exists():
         run.files.append("metrics.jsonl")
         run.metrics = read_jsonl(path / "metrics.jsonl", run.warnings)
+    lines: list[tuple[str, int, bool, str]] = []  # (file, line number, is last line, text)
     for file in trajectory_files(path):
         rel = str(file.relative_to(path))
         run.files.append(rel)
-        for n, row in enumerate(read_jsonl(file, run.warnings), 1):
-            try:
-                traj = Trajectory.model_validate(row)
-            except ValueError as err:
-                first = str(err).splitlines()[:2]
-                run.warnings.append(f"{rel}: record {n} is not a trajectory ({' '.join(first)}); left out")
-                continue
-            step = traj.metadata.get("step", _step_of(file))
-            run.entries.append(Entry(traj, rel, int(step) if isinstance(step, int | float) else None))
+        text = file.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines.extend((rel, n, n == len(text), line) for n, line in enumerate(text, 1) if line.strip())
     if not run.files:
         raise EmptyRunError(
             f"{path} holds no run files: expected trajectories.jsonl, rollouts/step_*.jsonl, "
             "trajectories/*.jsonl, metrics.jsonl, results.json or summary.json "
             "(written by muarl rollout / eval / synth / sft / grpo)")
-    if max_trajectories is not None and len(run.entries) > max_trajectories:
-        head = max_trajectories - max_trajectories // 2
-        run.omitted = len(run.entries) - max_trajectories
-        run.entries = run.entries[:head] + run.entries[len(run.entries) - max_trajectories // 2:]
+    if max_trajectories and len(lines) > max_trajectories:  # decided before parsing: big runs stay cheap
+        head, tail = max_trajectories - max_trajectories // 2, max_trajectories // 2
+        run.omitted = len(lines) - max_trajectories
+        lines = lines[:head] + lines[len(lines) - tail:]
         run.warnings.append(f"{run.omitted} trajectories left out (showing the first {head} and the last "
-                            f"{max_trajectories // 2}; raise --max-trajectories to see all)")
+                            f"{tail}; raise --max-trajectories, or 0 for all)")
+    for rel, n, last, line in lines:
+        traj = _parse(rel, n, last, line, run.warnings)
+        if traj is not None:
+            step = traj.metadata.get("step", _step_of(Path(rel)))
+            run.entries.append(Entry(traj, rel, int(step) if isinstance(step, int | float) else None))
     return run
+
+
+def _parse(rel: str, n: int, last: bool, line: str, warnings: list[str]) -> Trajectory | None:
+    """One line as a trajectory (parsed and validated in one pass by pydantic), or a warning."""
+    from pydantic import ValidationError
+
+    try:
+        return Trajectory.model_validate_json(line)
+    except ValidationError as err:
+        if err.errors()[0]["type"] == "json_invalid":
+            where = "last line (torn: the run is still writing or was killed)" if last else f"line {n}"
+            warnings.append(f"{rel}: skipped {where}: not JSON")
+        else:
+            first = " ".join(str(err).splitlines()[:2])
+            warnings.append(f"{rel}: line {n} is not a trajectory ({first}); left out")
+        return None
 
 
 class TaskIndex:
