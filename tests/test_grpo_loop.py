@@ -7,6 +7,7 @@ import torch
 
 from muarl.models import load
 from muarl.train.grpo import preset, sequence_logprobs, train_grpo
+from train_fixtures import sample_coin_batch
 
 
 def test_grpo_steps_update_the_model_and_log_the_dynamics(tmp_path):
@@ -93,3 +94,37 @@ def test_one_grpo_step_with_smollm2(tmp_path):
     [m] = result["metrics"]
     assert m["trained_sequences"] == 2 and m["update_s"] > 0 and m["response_tokens"] > 0
     assert (tmp_path / "model" / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def coin_batch():
+    return sample_coin_batch()
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
+def test_micro_batches_give_the_whole_batch_gradient(coin_batch, algorithm):
+    """Micro-batches of 1 and 3 sequences accumulate exactly the gradient of one pass over all 8."""
+    import copy
+
+    from muarl.algorithms import get_algorithm
+    from muarl.train.grpo import GRPOConfig, policy_update
+
+    base = load("tiny")[0]
+    reference = copy.deepcopy(base).requires_grad_(False)
+    with torch.no_grad():  # a reference that differs from the policy, so the KL term has a gradient too
+        for p in reference.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    grads, stats = {}, {}
+    for size in (1, 3, len(coin_batch)):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the weights: compare gradients only
+        config = GRPOConfig(micro_batch_size=size, kl_beta=0.1)
+        stats[size], _, _ = policy_update(model, reference, optimizer, get_algorithm(algorithm, kl_beta=0.1),
+                                          coin_batch, config)
+        grads[size] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    whole = grads[len(coin_batch)]
+    assert whole.abs().max() > 0
+    for size in (1, 3):
+        assert torch.allclose(grads[size], whole, rtol=1e-4, atol=1e-7), (grads[size] - whole).abs().max()
+        for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm"):
+            assert stats[size][key] == pytest.approx(stats[len(coin_batch)][key], rel=1e-4, abs=1e-7), key

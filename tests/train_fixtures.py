@@ -25,3 +25,25 @@ def _coin(domain, task, trajectory, env, require_outputs) -> Reward:
 _retail = get_domain("retail")
 coin = dataclasses.replace(_retail, name="coin", policy="Help the user with their order.",
                            tools=[t for t in _retail.tools if t.name == "think"], scorer=_coin)
+
+
+def sample_coin_batch() -> list:
+    """Eight sampled episodes of the coin domain (tests/train_fixtures.py) with their group advantages."""
+    import asyncio
+
+    import torch
+
+    from muarl.algorithms import get_algorithm
+    from muarl.models import load
+    from muarl.policies.hf import HFPolicy
+    from muarl.rollout import EpisodeConfig, RolloutEngine
+    from muarl.users.scripted import ScriptedUser
+
+    model, tokenizer = load("tiny")
+    policy = HFPolicy((model, tokenizer), temperature=1.0, max_new_tokens=12, seed=3)
+    engine = RolloutEngine(coin, policy, ScriptedUser(), EpisodeConfig(max_turns=3), group_size=4, progress=False)
+    groups = asyncio.run(engine.run(coin.tasks("train")[:2]))
+    rewards = torch.tensor([[t.reward.reward for t in g] for g in groups])
+    advantages = get_algorithm("grpo").advantages(rewards)
+    assert advantages.abs().sum() > 0
+    return [(t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)]

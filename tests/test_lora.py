@@ -1,0 +1,89 @@
+"""LoRA through peft: the reference is the adapter switched off, only the adapter trains, runs end to end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from muarl.models import load
+from muarl.train.grpo import GRPOConfig, batch_logprobs, policy_update, preset, train_grpo
+from muarl.train.weights import load_trainable, reference_mode, trainable_parameters
+from train_fixtures import sample_coin_batch
+
+
+@pytest.fixture(scope="module")
+def coin_batch():
+    return sample_coin_batch()
+
+
+@dataclass
+class _Lora:
+    model: str = "tiny"
+    lora_r: int = 4
+    lora_alpha: int = 8
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"
+
+
+def _adapted():
+    torch.manual_seed(0)
+    model, reference, _ = load_trainable(_Lora(), "cpu", None, want_reference=True)
+    assert reference is None  # no second copy of the model
+    with torch.no_grad():  # a trained-looking adapter (peft starts B at zero, which changes nothing)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def test_reference_logprobs_with_the_adapter_off_equal_the_base_model(coin_batch):
+    base = load("tiny")[0]
+    model = _adapted()
+    ids = [t.token_ids for t, _ in coin_batch[:3]]
+    masks = [t.loss_mask for t, _ in coin_batch[:3]]
+    with torch.no_grad():
+        expected, _ = batch_logprobs(base, ids, 1.0, masks)
+        adapted, _ = batch_logprobs(model, ids, 1.0, masks)
+        with reference_mode(model, None) as scorer:
+            off, _ = batch_logprobs(scorer, ids, 1.0, masks)
+        again, _ = batch_logprobs(model, ids, 1.0, masks)
+    assert torch.allclose(off, expected, atol=1e-6)
+    assert not torch.allclose(adapted, expected, atol=1e-3)  # the adapter does change the policy...
+    assert torch.equal(again, adapted)  # ...and is back on after the reference pass
+
+
+def test_a_lora_update_changes_only_the_adapter(coin_batch):
+    from muarl.algorithms import get_algorithm
+
+    model = _adapted()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = trainable_parameters(model)
+    assert params and all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    stats, _, _ = policy_update(model, None, optimizer, get_algorithm("grpo"), coin_batch, GRPOConfig(kl_beta=0.1))
+    assert stats["grad_norm"] > 0 and stats["kl"] > 0  # the adapter makes the policy differ from the reference
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert {n for n in before if "lora_" in n} == changed
+
+
+@pytest.mark.slow
+def test_lora_grpo_runs_saves_the_adapter_and_a_merged_model(tmp_path, monkeypatch):
+    config = preset("tiny", domain="train_fixtures:coin", out=str(tmp_path), steps=2, tasks_per_step=2,
+                    group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2, lora_r=4, save_every=1)
+    result = train_grpo(config, progress=False)
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[0]["grad_norm"] > 0
+    assert metrics[1]["kl"] > 0  # after one update the adapter moved the policy away from the reference
+    saved = load_file(tmp_path / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors")
+    assert saved and all("lora_" in k for k in saved)  # a checkpoint holds the adapter only
+    assert not (tmp_path / "checkpoints" / "step_2" / "model").exists()
+    merged, base = load(result["checkpoint"])[0], load("tiny")[0]
+    assert result["checkpoint"].endswith("model") and (tmp_path / "adapter" / "adapter_config.json").exists()
+    differ = [n for (n, a), (_, b) in zip(merged.named_parameters(), base.named_parameters(), strict=True)
+              if not torch.equal(a, b)]
+    assert differ and all("proj" in n for n in differ)  # the adapter folded into the linear layers only
