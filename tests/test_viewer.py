@@ -297,6 +297,7 @@ def test_evaluation_tables_show_every_metric_and_task(eval_run):
     html = build_report(eval_run).read_text()
     results = json.loads((eval_run / "results.json").read_text())
     section = html.split('id="sec-evaluation"', 1)[1].split("</section>", 1)[0]
+    assert 'data-tab="training"' not in html  # an evaluation has a config.json but no curves
     for key, value in results["metrics"].items():
         if isinstance(value, dict):  # tool-call mix and stop reasons get tables of their own
             assert f"<h3>{key.replace('_', ' ')}</h3>" in section
@@ -329,5 +330,6 @@ def test_a_real_grpo_run_shows_its_step_groups_curves_and_tokens(tmp_path):
     assert [t["meta"]["trained"] for t in shown] == [t.metadata["trained"] for t in written]
     assert [sum(t["tokens"]["mask"][1::2]) for t in shown] == [sum(t.loss_mask) for t in written]
     html = build_report(out).read_text()
+    assert 'data-tab="training">training (1 steps)' in html
     for title in ("reward", "KL to reference (k3)", "entropy", "loss", "grad norm"):
         assert f'aria-label="{title}"' in html

@@ -186,11 +186,13 @@ def render(run: rd.Run, tokenizer: Any | None = None, tokenizer_name: str = "", 
         overview_html.append('<h3>warnings</h3><ul class="warnings">'
                              + "".join(f"<li>{escape(w)}</li>" for w in run.warnings) + "</ul>")
     sections.append(("overview", "overview", "".join(overview_html)))
-    if run.metrics or run.config:
+    if run.metrics:
         body = '<div class="charts">' + "".join(charts(run.metrics)) + "</div>"
         if run.config:
             body += "<h3>config.json</h3>" + key_value_table(run.config)
         sections.append(("training", f"training ({len(run.metrics)} steps)", body))
+    elif run.config and not run.results:  # an eval's config is in its results; otherwise show it here
+        sections[0] = ("overview", "overview", sections[0][2] + "<h3>config.json</h3>" + key_value_table(run.config))
     if run.results:
         sections.append(("evaluation", "evaluation", eval_section(run.results)))
     if ov["trajectories"]:
