@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from muarl.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
 from muarl.train.distributed import Dist
 from muarl.train.run import open_run
+from train_fixtures import write_sft_data
 
 TESTS = Path(__file__).parent
 TIMING = ("rollout_s", "reference_s", "update_s", "tokens_per_s")
@@ -81,25 +82,7 @@ def test_grpo_killed_with_sigkill_resumes_to_the_same_metrics_weights_and_rollou
 
 @pytest.fixture(scope="module")
 def sft_data(tmp_path_factory):
-    """Six short chat-format conversations (the resume logic, not the data, is under test: short is fast)."""
-    from muarl.domain import get_domain
-
-    think = [t.spec.openai_schema() for t in get_domain("retail").tools if t.name == "think"]
-    lines = []
-    for i in range(6):
-        call = {"id": "c0", "type": "function",
-                "function": {"name": "think", "arguments": json.dumps({"thought": f"order {i} is pending"})}}
-        messages = [{"role": "system", "content": "You help users with their orders."},
-                    {"role": "user", "content": f"Hi, please cancel order #W{1000 + i}."},
-                    {"role": "assistant", "content": "", "tool_calls": [call]},
-                    {"role": "tool", "tool_call_id": "c0", "name": "think", "content": ""},
-                    {"role": "assistant", "content": f"Order #W{1000 + i} can be cancelled. Shall I go ahead?"},
-                    {"role": "user", "content": "yes" if i % 2 else "Yes, please."},
-                    {"role": "assistant", "content": f"Done: order #W{1000 + i} is cancelled."}]
-        lines.append(json.dumps({"messages": messages, "tools": think}))
-    data = tmp_path_factory.mktemp("sft") / "sft.jsonl"
-    data.write_text("\n".join(lines) + "\n")
-    return data
+    return write_sft_data(tmp_path_factory.mktemp("sft") / "sft.jsonl")
 
 
 @pytest.mark.slow

@@ -47,3 +47,26 @@ def sample_coin_batch() -> list:
     advantages = get_algorithm("grpo").advantages(rewards)
     assert advantages.abs().sum() > 0
     return [(t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)]
+
+
+def write_sft_data(path):
+    """Six short chat-format conversations (the resume logic, not the data, is under test: short is fast)."""
+    import json
+
+    from muarl.domain import get_domain
+
+    think = [t.spec.openai_schema() for t in get_domain("retail").tools if t.name == "think"]
+    lines = []
+    for i in range(6):
+        call = {"id": "c0", "type": "function",
+                "function": {"name": "think", "arguments": json.dumps({"thought": f"order {i} is pending"})}}
+        messages = [{"role": "system", "content": "You help users with their orders."},
+                    {"role": "user", "content": f"Hi, please cancel order #W{1000 + i}."},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c0", "name": "think", "content": ""},
+                    {"role": "assistant", "content": f"Order #W{1000 + i} can be cancelled. Shall I go ahead?"},
+                    {"role": "user", "content": "yes" if i % 2 else "Yes, please."},
+                    {"role": "assistant", "content": f"Done: order #W{1000 + i} is cancelled."}]
+        lines.append(json.dumps({"messages": messages, "tools": think}))
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -303,7 +303,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
         trackers.close()
     checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
     dist.barrier()
-    return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history}
+    return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}
 
 
 def train_reward(traj: Trajectory, penalize_violations: bool = False) -> float:

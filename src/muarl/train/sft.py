@@ -176,7 +176,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
     dist.barrier()
     return {"steps": len(history), "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
-            "checkpoint": str(checkpoint), "metrics": history}
+            "checkpoint": str(checkpoint), "metrics": history, "model": model}
 
 
 class _bar:
