@@ -48,6 +48,9 @@ class Trackers:
         self.log_file = None
         if not enabled:
             return
+        for tracker in self.names:  # fail before anything is opened or truncated
+            if tracker != "tensorboard":
+                _require(tracker, tracker)
         history = history or []
         first = history[-1]["step"] + 1 if history else 1
         path = self.out / "metrics.jsonl"
