@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_init_model_cmd)
     # Commands defined in their own modules; each adds its subparsers (one line per module below).
     # -- demo (issue 4) --
+    from muarl.demo import add_commands as _demo; _demo(sub)  # noqa: E702, I001
     from muarl.train.cli import add_commands as _train_options; _train_options(sub)  # noqa: E702, I001
     # -- eval / compare / chat / view (issue 5) --
     from muarl.eval_cli import add_commands as _eval_commands; _eval_commands(sub)  # noqa: E702, I001

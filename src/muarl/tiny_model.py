@@ -125,8 +125,12 @@ def train_tokenizer(vocab_size: int) -> Any:
     return fast
 
 
-def build(out: str | Path, config: TinyConfig | None = None) -> Path:
-    """Build and save the embedded model (tokenizer + random-init Qwen3) as an HF checkpoint at ``out``."""
+def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | None = None) -> Path:
+    """Build and save the embedded model (tokenizer + random-init Qwen3) as an HF checkpoint at ``out``.
+
+    ``tokenizer`` reuses one already trained (say, the cached ``tiny`` model's) instead of training a new
+    one from the domains' texts, which takes most of the build time.
+    """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -134,7 +138,7 @@ def build(out: str | Path, config: TinyConfig | None = None) -> Path:
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out} exists; remove it or choose another --out")
-    tokenizer = train_tokenizer(config.vocab_size)
+    tokenizer = tokenizer if tokenizer is not None else train_tokenizer(config.vocab_size)
     torch.manual_seed(config.seed)
     model_config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,

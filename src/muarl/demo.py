@@ -1,0 +1,293 @@
+"""``muarl demo``: the whole MUA-RL recipe on a CPU, from random weights to an agent RL made better.
+
+Top to bottom, each stage in its own folder of the run directory:
+
+1. ``model/``: build the embedded tiny Qwen3 model (random init) and its BPE tokenizer.
+2. ``synth/``: the expert teacher plays training tasks against the scripted user; clean wins become
+   the cold-start data set.
+3. ``sft/``: supervised fine-tuning on it (loss on the agent's tokens only).
+4. ``eval-sft/``: the SFT model on held-out test tasks, ``k`` sampled trials each.
+5. ``grpo/``: GRPO from the SFT model with the scripted user in every rollout.
+6. ``eval-rl/``: the RL model on the same test tasks, same users, same trials.
+7. ``summary.json``, ``plots/`` and ``report.html``: the table it prints, the curves, the viewer.
+
+The domain is ``retail-lite`` (retail narrowed to cancelling and returning, with terse tools), which is
+what makes conversations short enough to learn on two cores. Evaluation samples at the training
+temperature: the demo shows what RL changes in the policy the model actually is. Every stage resumes:
+rerunning the same command after an interruption continues where it stopped (finished stages are
+skipped, training resumes from its last checkpoint, evaluation from its last finished episode).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Every knob of the demo; :data:`PRESETS` holds the measured defaults."""
+
+    domain: str = "retail-lite"
+    # the embedded model
+    hidden_size: int = 64
+    layers: int = 2
+    heads: int = 4
+    # cold-start data: which families the teacher plays, how many of its conversations SFT uses
+    sft_conversations: int = 400
+    synth_families: tuple[str, ...] = ()
+    # SFT
+    sft_epochs: int = 2
+    sft_lr: float = 3e-3
+    sft_batch: int = 8
+    # GRPO
+    grpo_steps: int = 10
+    tasks_per_step: int = 8
+    group_size: int = 8
+    grpo_lr: float = 1e-4
+    kl_beta: float = 0.001
+    penalize_violations: bool = True
+    max_new_tokens: int = 200
+    max_turns: int = 16
+    # evaluation
+    eval_tasks: int = 50
+    eval_k: int = 4
+    temperature: float = 1.0
+
+
+PRESETS: dict[str, DemoConfig] = {
+    "default": DemoConfig(),
+    "smoke": DemoConfig(sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2, tasks_per_step=2, group_size=4,
+                        max_new_tokens=48, max_turns=8, eval_tasks=4, eval_k=2),
+}
+
+
+def _done(folder: Path) -> bool:
+    return (folder / "DONE").exists()
+
+
+def _mark(folder: Path, **info: Any) -> None:
+    (folder / "DONE").write_text(json.dumps(info) + "\n")
+
+
+def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
+    """Stage 1: the tiny model, random weights from ``seed``."""
+    from transformers import AutoTokenizer
+
+    from muarl.models import tiny_path
+    from muarl.tiny_model import TinyConfig, build
+
+    folder = out / "model"
+    if not _done(folder):
+        if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
+            shape = TinyConfig(hidden_size=config.hidden_size, intermediate_size=4 * config.hidden_size,
+                               num_hidden_layers=config.layers, num_attention_heads=config.heads,
+                               num_key_value_heads=max(1, config.heads // 2),
+                               head_dim=config.hidden_size // config.heads, seed=seed)
+            build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()))
+        _mark(folder)
+    return folder
+
+
+def synthesize_data(out: Path, config: DemoConfig, seed: int) -> Path:
+    """Stage 2: expert x scripted user on training tasks; the clean wins as a chat data set."""
+    from muarl.domain import get_domain
+    from muarl.factory import make_policy, make_user
+    from muarl.synth import synthesize
+
+    folder = out / "synth"
+    if not _done(folder):
+        report = synthesize([get_domain(config.domain)], make_policy("expert"), make_user("scripted"), folder,
+                            families=list(config.synth_families) or None, seed=seed, progress=False)
+        lines = (folder / "sft.jsonl").read_text(encoding="utf-8").splitlines()
+        (folder / "sft_used.jsonl").write_text("\n".join(lines[:config.sft_conversations]) + "\n", encoding="utf-8")
+        _mark(folder, **report.as_dict())
+    return folder / "sft_used.jsonl"
+
+
+def supervised(out: Path, config: DemoConfig, model: Path, data: Path, seed: int, progress: bool) -> Path:
+    """Stage 3: SFT on the synthesized conversations."""
+    from muarl.train.sft import SFTConfig, train_sft
+
+    folder = out / "sft"
+    if not _done(folder):
+        train_sft(SFTConfig(model=str(model), data=[str(data)], out=str(folder), epochs=config.sft_epochs,
+                            lr=config.sft_lr, batch_size=config.sft_batch, warmup_steps=2, max_len=0,
+                            packing=False, seed=seed, save_every=10, report_to="tensorboard"), progress=progress)
+        _mark(folder)
+    return folder / "model"
+
+
+def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: bool) -> Path:
+    """Stage 5: GRPO from the SFT model, the scripted user in every rollout."""
+    from muarl.train.grpo import GRPOConfig, train_grpo
+
+    folder = out / "grpo"
+    if not _done(folder):
+        train_grpo(GRPOConfig(model=str(model), domain=config.domain, out=str(folder), steps=config.grpo_steps,
+                              tasks_per_step=config.tasks_per_step, group_size=config.group_size, lr=config.grpo_lr,
+                              kl_beta=config.kl_beta, temperature=config.temperature,
+                              max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
+                              penalize_violations=config.penalize_violations, seed=seed, save_every=2,
+                              report_to="tensorboard"), progress=progress)
+        _mark(folder)
+    return folder / "model"
+
+
+def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: int, progress: bool) -> dict[str, Any]:
+    """Stages 4 and 6: ``k`` sampled trials of the first ``eval_tasks`` test tasks (same users for both)."""
+    from muarl.domain import get_domain
+    from muarl.evaluate import evaluate
+    from muarl.models import load
+    from muarl.policies.hf import HFPolicy
+    from muarl.rollout import EpisodeConfig
+    from muarl.users.scripted import ScriptedUser
+
+    domain = get_domain(config.domain)
+    policy = HFPolicy(load(model), temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
+    result = evaluate(domain, policy, ScriptedUser(), domain.tasks("test")[:config.eval_tasks], k=config.eval_k,
+                      out_dir=out / name, config=EpisodeConfig(max_turns=config.max_turns), seed=seed,
+                      progress=progress, meta={"model": str(model), "temperature": config.temperature})
+    return result.metrics
+
+
+ROWS = (("success (pass^1)", "pass^1"), ("pass^k", None), ("TCR", "tcr"), ("avg turns", "avg_turns"),
+        ("violation rate", "violation_rate"), ("malformed calls / episode", "malformed_calls"))
+
+
+def _value(metrics: dict[str, Any], key: str | None, k: int) -> float:
+    return float(metrics.get(key or f"pass^{k}") or 0.0)
+
+
+def table(before: dict[str, Any], after: dict[str, Any], k: int) -> Table:
+    """SFT only vs after RL, metric by metric."""
+    t = Table(title="held-out test tasks: SFT only vs after GRPO")
+    for col in ("metric", "SFT only", "after RL", "change"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for label, key in ROWS:
+        a, b = _value(before, key, k), _value(after, key, k)
+        t.add_row(label.replace("pass^k", f"pass^{k}"), f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
+    return t
+
+
+def plot(out: Path) -> list[Path]:
+    """``plots/``: SFT loss, GRPO reward and violation rate per step, SFT vs RL on the test tasks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = out / "plots"
+    folder.mkdir(exist_ok=True)
+    written = []
+
+    def series(path: Path, key: str) -> tuple[list[int], list[float]]:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        rows = [r for r in rows if key in r]
+        return [r["step"] for r in rows], [r[key] for r in rows]
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(*series(out / "sft" / "metrics.jsonl", "loss"))
+    ax.set(title="SFT: loss on agent tokens", xlabel="optimizer step", ylabel="cross-entropy")
+    fig.tight_layout()
+    fig.savefig(folder / "sft_loss.png", dpi=110)
+    written.append(folder / "sft_loss.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for key in ("reward", "violation_rate", "all_wrong_groups", "all_correct_groups"):
+        ax.plot(*series(out / "grpo" / "metrics.jsonl", key), label=key, marker="o", markersize=3)
+    ax.set(title="GRPO: training dynamics", xlabel="step", ylim=(-0.02, 1.02))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "grpo_dynamics.png", dpi=110)
+    written.append(folder / "grpo_dynamics.png")
+    plt.close(fig)
+
+    summary = json.loads((out / "summary.json").read_text())
+    labels = ["pass^1", f"pass^{summary['k']}", "violation_rate"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], [summary["sft"].get(k) or 0 for k in labels], width=0.4, label="SFT only")
+    ax.bar([x + 0.2 for x in xs], [summary["rl"].get(k) or 0 for k in labels], width=0.4, label="after RL")
+    ax.set_xticks(list(xs), labels)
+    ax.set(title="held-out test tasks", ylim=(0, 1))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / "eval.png", dpi=110)
+    written.append(folder / "eval.png")
+    plt.close(fig)
+    return written
+
+
+def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int = 0, progress: bool = True,
+             **overrides: Any) -> dict[str, Any]:
+    """Run (or resume) every stage; returns the summary written to ``out/summary.json``."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown demo preset {preset!r}; choose from {', '.join(PRESETS)}")
+    config = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    recorded = out / "demo.json"
+    settings = {"preset": preset, "seed": seed, **asdict(config)}
+    settings["synth_families"] = list(config.synth_families)
+    if recorded.exists() and json.loads(recorded.read_text()) != settings:
+        raise ValueError(f"{out} holds a demo run with other settings; use another --out")
+    recorded.write_text(json.dumps(settings, indent=1) + "\n")
+    console = Console()
+    clock: dict[str, float] = {}
+
+    def stage(name: str, fn: Any, *args: Any) -> Any:
+        console.rule(f"[bold]{name}")
+        began = time.perf_counter()
+        result = fn(*args)
+        clock[name] = round(time.perf_counter() - began, 1)
+        console.print(f"{name}: {clock[name]:.0f} s")
+        return result
+
+    model = stage("model", build_model, out, config, seed)
+    data = stage("synth", synthesize_data, out, config, seed)
+    sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
+    before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
+    rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)
+    after = stage("eval-rl", evaluate_model, out, "eval-rl", config, rl_model, seed, progress)
+    summary = {"preset": preset, "seed": seed, "domain": config.domain, "k": config.eval_k,
+               "eval_tasks": config.eval_tasks, "sft": before, "rl": after, "seconds": clock,
+               "total_seconds": round(sum(clock.values()), 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(out)
+    try:
+        from muarl.report.html import build_report
+
+        build_report(out / "grpo", out / "report.html")
+    except Exception as err:  # the report is a convenience: never lose a finished demo over it
+        console.print(f"[yellow]report not written: {err}")
+    console.print(table(before, after, config.eval_k))
+    console.print(f"total {summary['total_seconds']:.0f} s; run directory {out} (plots/, report.html, summary.json)")
+    return summary
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``demo`` to the ``muarl`` parser."""
+    p = sub.add_parser("demo", help="the whole pipeline on the CPU: tiny model, synth, SFT, GRPO, held-out eval",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                   help="default (about 20 minutes on 2 cores) or smoke (every stage in under 2 minutes)")
+    p.add_argument("--out", default="runs/demo", help="run directory (rerun the same command to resume)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model init, data order, sampling and users")
+    p.add_argument("--grpo-steps", type=int, help="override the preset's GRPO steps")
+    p.add_argument("--eval-tasks", type=int, help="override how many test tasks are evaluated")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    def run(args: Any) -> int:
+        run_demo(args.out, args.preset, args.seed, progress=not args.quiet, grpo_steps=args.grpo_steps,
+                 eval_tasks=args.eval_tasks)
+        return 0
+
+    p.set_defaults(func=run)

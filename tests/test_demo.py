@@ -1,0 +1,64 @@
+"""`muarl demo --preset smoke`: every stage end to end, as CI runs it, and a rerun that resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from muarl.demo import PRESETS, run_demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _muarl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "muarl", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = _muarl("demo", "--preset", "smoke", "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for stage in ("model", "synth", "sft", "grpo"):
+        assert (out / stage / "DONE").exists(), stage
+    summary = json.loads((out / "summary.json").read_text())
+    smoke = PRESETS["smoke"]
+    for name in ("eval-sft", "eval-rl"):
+        results = json.loads((out / name / "results.json").read_text())
+        assert results["metrics"]["episodes"] == smoke.eval_tasks * smoke.eval_k
+        assert summary[name.split("-")[1]] == results["metrics"]
+    grpo = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in grpo] == list(range(1, smoke.grpo_steps + 1))
+    assert all("reward" in r and "violation_rate" in r for r in grpo)
+    sft = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert sft and all(r["loss"] > 0 for r in sft)
+    for plot in ("sft_loss.png", "grpo_dynamics.png", "eval.png"):
+        assert (out / "plots" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "report.html").stat().st_size > 10_000
+    assert "SFT only" in done.stdout and "after RL" in done.stdout
+
+    # a rerun finds every stage done: nothing is trained or played again and the summary is the same
+    files = ["sft/metrics.jsonl", "grpo/metrics.jsonl", "eval-sft/trajectories.jsonl", "eval-rl/trajectories.jsonl",
+             "grpo/model/model.safetensors"]
+    before = {f: (out / f).read_bytes() for f in files}
+    again = run_demo(out, "smoke", progress=False)
+    assert {f: (out / f).read_bytes() for f in files} == before
+    assert again["sft"] == summary["sft"] and again["rl"] == summary["rl"]
+
+
+def test_demo_refuses_other_settings_in_the_same_directory(tmp_path: Path) -> None:
+    (tmp_path / "demo.json").write_text(json.dumps({"preset": "default", "seed": 1}))
+    with pytest.raises(ValueError, match="other settings"):
+        run_demo(tmp_path, "smoke", seed=0, progress=False)
+
+
+def test_unknown_preset_is_a_clear_error(tmp_path: Path) -> None:
+    result = _muarl("demo", "--preset", "huge", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "invalid choice" in result.stderr
