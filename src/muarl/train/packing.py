@@ -8,6 +8,7 @@ builds a block-diagonal causal mask, so each token sees exactly what it would se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -81,11 +82,72 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> Batc
     return Batch(ids, positions, attention.unsqueeze(1), loss, segment >= 0)
 
 
-def token_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
+#: the attention implementation for packed rows (see :func:`segment_attention`)
+SEGMENTS = "muarl_segments"
+
+
+def segment_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      segments: list[list[tuple[int, int]]] | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Causal attention inside each conversation of a packed row, one fused SDPA call per conversation.
+
+    Exact like the block-diagonal mask, but never builds the [length, length] mask: SDPA takes its fused
+    causal kernel, so memory is linear in the row and the cost is the sum of squared conversation
+    lengths, not the squared row length (the "varlen" idea of flash-attention, written with stock
+    PyTorch so it runs on the CPU too). ``segments`` holds each row's (start, end) spans. Without it
+    (generation, unpacked rows) this is the attention the model would otherwise use.
+    """
+    if segments is None:
+        if kwargs.get("shared_prefix") is not None:  # the rollout engine's cascade attention
+            from muarl.policies.hf import shared_prefix_attention
+
+            return shared_prefix_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: one copy of the kv heads per query head
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    p = dropout if module.training else 0.0
+    rows = []
+    for b, spans in enumerate(segments):
+        parts = [torch.nn.functional.scaled_dot_product_attention(
+            query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], dropout_p=p, is_causal=True,
+            scale=scaling) for s, e in spans]
+        tail = query.shape[2] - (spans[-1][1] if spans else 0)
+        if tail:  # padding after the row's last conversation: its output is never used
+            parts.append(query.new_zeros(1, query.shape[1], tail, value.shape[-1]))
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows).transpose(1, 2).contiguous(), None
+
+
+def _use_segment_attention(lm: Any) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if lm.config._attn_implementation != SEGMENTS:
+        AttentionInterface.register(SEGMENTS, segment_attention)
+        AttentionMaskInterface.register(SEGMENTS, sdpa_mask)
+        lm.set_attn_implementation(SEGMENTS)
+
+
+def spans(batch: Batch) -> list[list[tuple[int, int]]]:
+    """Each row's conversations as (start, end) spans, from the restarts of the position ids."""
+    out = []
+    for positions, real in zip(batch.position_ids.tolist(), batch.real.tolist(), strict=True):
+        end = sum(real)
+        starts = [i for i in range(end) if positions[i] == 0]
+        out.append(list(zip(starts, starts[1:] + [end], strict=True)))
+    return out
+
+
+def token_loss(model: torch.nn.Module, batch: Batch, varlen: bool = True) -> tuple[torch.Tensor, int]:
     """Sum of next-token cross-entropies over target tokens, and how many there were.
 
     A target is a token with loss mask 1; its prediction comes from the previous position, which always
-    belongs to the same conversation (a conversation's first token is never a target).
+    belongs to the same conversation (a conversation's first token is never a target). Packed rows use
+    :func:`segment_attention` (``varlen=False``: the dense block-diagonal mask instead, for comparison).
     """
     from muarl.train.weights import causal_lm
 
@@ -93,8 +155,16 @@ def token_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]
     # One conversation per row (right-padded) needs no mask at all: causal attention never lets a real
     # token see the padding after it, and without an explicit mask SDPA takes its fused kernel.
     packed = bool((batch.position_ids[:, 1:] == 0).logical_and(batch.real[:, 1:]).any())
-    hidden = lm.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                      attention_mask=batch.attention_mask if packed else None).last_hidden_state
+    extra: dict[str, Any] = {}
+    mask = batch.attention_mask if packed else None
+    if packed and varlen:
+        _use_segment_attention(lm)
+        # a 4-D mask is passed through untouched (no [length, length] mask is built); segment_attention
+        # ignores it and uses the spans
+        mask = torch.ones(batch.input_ids.shape[0], 1, 1, 1, dtype=torch.bool, device=batch.input_ids.device)
+        extra["segments"] = spans(batch)
+    hidden = lm.model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
+                      **extra).last_hidden_state
     # The output head runs only where a target is predicted (agent tokens, a small share of a row).
     rows, cols = torch.nonzero(batch.loss_mask[:, 1:], as_tuple=True)
     logits = lm.get_output_embeddings()(hidden[rows, cols]).float()
