@@ -30,7 +30,7 @@ from muarl.train import autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
-from muarl.train.trackers import Trackers
+from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import (
     causal_lm,
     load_trainable,
@@ -228,9 +228,10 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     ``accelerate launch`` / ``torchrun`` each process plays its share of every step's groups and only
     rank 0 writes files.
     """
+    check_report_to(config.report_to)
     dist = setup(config.device)
     run = open_run(config, dist)
-    model, reference, tokenizer = load_trainable(config, config.device, run.resume_from, want_reference=True)
+    model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
     if config.gradient_checkpointing:  # active in train mode only: generation keeps its KV cache
         lm = causal_lm(model)
         if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5

@@ -26,7 +26,7 @@ from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.train.run import open_run
-from muarl.train.trackers import Trackers
+from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 from muarl.types import ToolSpec
 
@@ -114,9 +114,10 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """Run SFT; writes ``out/model`` (checkpoint), ``metrics.jsonl``, ``config.json``, ``checkpoints/step_N/``
     and the chosen trackers' logs. Resumes from the newest checkpoint in ``out`` unless ``config.resume``
     is False. Under ``accelerate launch`` each process packs and trains on its share of every batch."""
+    check_report_to(config.report_to)
     dist = setup(config.device)
     run = open_run(config, dist)
-    model, _, tokenizer = load_trainable(config, config.device, run.resume_from)
+    model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)
     model.train()
     examples = load_examples(config.data, tokenizer)
     longest = max(len(e) for e in examples)

@@ -33,6 +33,13 @@ def parse_report_to(report_to: str | list[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def check_report_to(report_to: str | list[str] | None) -> None:
+    """Fail now, before a model is loaded, on an unknown or uninstalled tracker."""
+    for tracker in parse_report_to(report_to):
+        if tracker != "tensorboard":
+            _require(tracker, tracker)
+
+
 class Trackers:
     """metrics.jsonl and the chosen trackers, written by the main process only.
 
@@ -48,9 +55,7 @@ class Trackers:
         self.log_file = None
         if not enabled:
             return
-        for tracker in self.names:  # fail before anything is opened or truncated
-            if tracker != "tensorboard":
-                _require(tracker, tracker)
+        check_report_to(self.names)  # fail before anything is opened or truncated
         history = history or []
         first = history[-1]["step"] + 1 if history else 1
         path = self.out / "metrics.jsonl"
