@@ -1,7 +1,7 @@
 """retail-lite: the retail world narrowed to two jobs, the CPU demo's domain.
 
 Same database, task families and simulated users as ``retail``, but only what cancelling a pending order
-and returning delivered items need: six tools with one-line descriptions, a one-paragraph policy, and
+and returning delivered items need: five tools with one-line descriptions, a one-paragraph policy, and
 tool results cut to the fields those jobs use. A conversation is about 1,200 tokens with the embedded
 tokenizer instead of about 5,000 in ``retail``, which is what lets a model trained from random weights
 on two CPU cores learn whole conversations in minutes. Narrow a domain of your own with :func:`narrow`.
@@ -34,7 +34,6 @@ time, never a tool call and a message together. Do not make up ids or amounts.
 TOOLS: dict[str, tuple[str, Sequence[str] | None]] = {
     "find_user_id_by_email": ("Find a user id by email.", None),
     "find_user_id_by_name_zip": ("Find a user id by first name, last name and zip code.", None),
-    "get_user_details": ("Get a user's name and payment methods.", ("user_id", "name", "payment_methods")),
     "get_order_details": ("Get an order's status, items and payments.",
                           ("order_id", "user_id", "status", "items", "payment_history")),
     "cancel_pending_order": ("Cancel a pending order.", ("order_id", "status")),
@@ -89,7 +88,7 @@ def narrow(base: Domain, name: str, policy: str, tools: Mapping[str, tuple[str, 
 def build() -> Domain:
     return narrow(get_domain("retail"), "retail-lite", POLICY, TOOLS, FAMILIES,
                   counts={"train": 400, "dev": 40, "test": 100},
-                  description="Retail narrowed to cancelling and returning (six terse tools): the CPU demo.")
+                  description="Retail narrowed to cancelling and returning (five terse tools): the CPU demo.")
 
 
 register(build, name="retail-lite")
