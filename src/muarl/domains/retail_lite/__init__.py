@@ -2,7 +2,7 @@
 
 Same database, task families and simulated users as ``retail``, but only what cancelling a pending order
 and returning delivered items need: five tools with one-line descriptions, a one-paragraph policy, and
-tool results cut to the fields those jobs use. A conversation is about 1,200 tokens with the embedded
+tool results cut to the fields those jobs use. A conversation is about 1,400 tokens with the embedded
 tokenizer instead of about 5,000 in ``retail``, which is what lets a model trained from random weights
 on two CPU cores learn whole conversations in minutes. Narrow a domain of your own with :func:`narrow`.
 """
