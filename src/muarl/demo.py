@@ -43,14 +43,14 @@ class DemoConfig:
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
     # SFT
-    sft_epochs: int = 2
+    sft_epochs: int = 3
     sft_lr: float = 3e-3
-    sft_batch: int = 8
+    sft_batch: int = 2  # small batches: a model this size learns per step, not per token
     # GRPO
-    grpo_steps: int = 10
+    grpo_steps: int = 8
     tasks_per_step: int = 8
     group_size: int = 8
-    grpo_lr: float = 1e-4
+    grpo_lr: float = 3e-4
     kl_beta: float = 0.001
     penalize_violations: bool = True
     max_new_tokens: int = 200
@@ -135,6 +135,7 @@ def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: b
                               kl_beta=config.kl_beta, temperature=config.temperature,
                               max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
                               penalize_violations=config.penalize_violations, seed=seed, save_every=2,
+                              gradient_checkpointing=False,  # a tiny model's activations fit; no recompute
                               report_to="tensorboard"), progress=progress)
         _mark(folder)
     return folder / "model"

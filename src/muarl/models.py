@@ -46,9 +46,13 @@ def smollm2_path() -> Path:
     return target
 
 
+#: bumped whenever the embedded model's recipe (tokenizer corpus, shape) changes, so caches rebuild
+TINY_VERSION = 2
+
+
 def tiny_path() -> Path:
     """The embedded tiny model, built on first use (deterministic: same seed, same weights)."""
-    target = cache_dir() / "tiny"
+    target = cache_dir() / f"tiny-{TINY_VERSION}"
     if not (target / "config.json").exists():
         from muarl.tiny_model import build
 

@@ -88,22 +88,32 @@ class TinyConfig:
     seed: int = 0
 
 
-def _corpus() -> list[str]:
-    """Text the tokenizer learns from: every built-in domain's policy, tool schemas and task texts."""
-    from muarl.domain import get_domain
-    from muarl.gold import gold_trajectory
+#: the built-in domains whose texts the tokenizer learns from
+CORPUS_DOMAINS = ("retail", "airline", "telecom", "retail-lite")
 
-    texts: list[str] = []
-    for name in ("retail", "airline", "telecom"):
+
+def _corpus() -> list[str]:
+    """Text the tokenizer learns from: the built-in domains' policies, tool schemas, task texts and whole
+    conversations of the expert agent with the scripted user (what an agent here actually reads and
+    writes), each rendered the way the chat template renders it, so role names, tool names and JSON keys
+    become single tokens and conversations stay short."""
+    import asyncio
+
+    from muarl.domain import get_domain
+    from muarl.factory import make_policy, make_user
+    from muarl.rollout import RolloutEngine
+
+    texts: list[str] = [CHAT_TEMPLATE]
+    for name in CORPUS_DOMAINS:
         domain = get_domain(name)
         texts.append(domain.policy)
         texts += [json.dumps(t.spec.openai_schema()) for t in domain.tools + domain.user_tools]
-        for task in domain.tasks("train"):
-            texts.append(task.instruction)
-            texts.append(json.dumps(task.scenario.known))
-            trajectory, _ = gold_trajectory(domain, task)
-            for m in trajectory.messages[2:]:
-                texts.append(m.content)
+        tasks = domain.tasks("train")
+        texts += [t.instruction for t in tasks]
+        engine = RolloutEngine(domain, make_policy("expert"), make_user("scripted"), progress=False)
+        for (trajectory,) in asyncio.run(engine.run(tasks)):
+            for m in trajectory.messages[1:]:
+                texts.append(f"<|im_start|>{m.role}\n{m.content}<|im_end|>")
                 texts += [json.dumps({"name": c.name, "arguments": c.arguments}) for c in m.tool_calls]
     return texts
 
