@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -16,6 +17,8 @@ from muarl.gold import gold_score
 from muarl.types import SPLITS
 
 BUILTIN = ["retail", "airline", "telecom"]
+#: modules defining ``add_commands(subparsers)``: demo, training options, eval/compare/chat, view, MCP
+COMMAND_MODULES = ("muarl.demo", "muarl.train.cli", "muarl.eval_cli", "muarl.report.cli", "muarl.mcp.cli")
 
 
 def _domains_cmd(args: argparse.Namespace) -> int:
@@ -272,15 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_init_model_cmd)
-    # Commands defined in their own modules; each adds its subparsers (one line per module below).
-    # -- demo (issue 4) --
-    from muarl.demo import add_commands as _demo; _demo(sub)  # noqa: E702, I001
-    from muarl.train.cli import add_commands as _train_options; _train_options(sub)  # noqa: E702, I001
-    # -- eval / compare / chat / view (issue 5) --
-    from muarl.eval_cli import add_commands as _eval_commands; _eval_commands(sub)  # noqa: E702, I001
-    from muarl.report.cli import add_commands as _view_commands; _view_commands(sub)  # noqa: E702, I001
-    # -- serve-mcp (issue 6) --
-    from muarl.mcp.cli import add_commands as _mcp; _mcp(sub)  # noqa: E702, I001
+    # Commands defined in their own modules, each of which adds its subparsers (and, for train.cli, the
+    # training options of sft / grpo).
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 
