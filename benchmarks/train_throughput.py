@@ -8,8 +8,8 @@ conversations go through each strategy, interleaved repeat by repeat so machine 
   the micro-batch (no attention mask needed: causal attention never sees the padding after a token, so
   SDPA takes its fused kernel);
 - ``padded-sorted``: the same after sorting the batch by length (what GRPO's micro-batching does);
-- ``packed-dense``: first-fit-decreasing rows of at most ``--max-len`` tokens (default: the longest
-  conversation), one row per pass, position ids restarting per conversation and a dense block-diagonal
+- ``packed-dense``: first-fit-decreasing rows of at most ``--max-len`` tokens (default 8,192, at least the
+  longest conversation), one row per pass, position ids restarting per conversation and a dense block-diagonal
   mask (SDPA's general kernel, quadratic in the row length);
 - ``packed``: the same rows with muarl's segment attention (what SFT uses): one fused causal SDPA call
   per conversation, no mask built, cost the sum of squared conversation lengths.
@@ -116,7 +116,8 @@ def main() -> None:
     parser.add_argument("--lengths", default="mixed", choices=sorted(LENGTHS), help="which domains' conversations")
     parser.add_argument("--conversations", type=int, default=16, help="conversations per update step")
     parser.add_argument("--rows", type=int, default=4, help="conversations per forward pass when padding")
-    parser.add_argument("--max-len", type=int, help="tokens per packed row (default: the longest conversation)")
+    parser.add_argument("--max-len", type=int, default=8192,
+                        help="tokens per packed row (default 8192, at least the longest conversation)")
     parser.add_argument("--repeats", type=int, default=3, help="timed update steps per strategy (after one warm-up)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                         help="bfloat16 autocast (default: on where CUDA supports it)")
@@ -125,6 +126,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
+    if args.repeats < 1 or args.conversations < 1 or args.rows < 1:
+        parser.error("--repeats, --conversations and --rows must be at least 1")
     console = Console()
 
     from muarl.models import load
@@ -134,7 +137,7 @@ def main() -> None:
     random.Random(args.seed).shuffle(pool)
     examples = pool[:args.conversations]
     lengths = [len(e) for e in examples]
-    max_len = args.max_len or max(lengths)
+    max_len = max(args.max_len, max(lengths))
     model = build_model(args.config, args.device, len(tokenizer))
     if args.gradient_checkpointing or (args.gradient_checkpointing is None and args.config != "tiny"):
         enable = getattr(model, "activation_checkpointing_enable", None)
@@ -160,16 +163,20 @@ def main() -> None:
     for name, batches in strategies.items():
         computed = sum(b.input_ids.numel() for b in batches)
         best = min(times[name])
-        results[name] = {"tokens_per_s": real / best, "median_s": sorted(times[name])[len(times[name]) // 2],
-                         "best_s": best, "padding": 1 - real / computed, "passes": len(batches),
-                         "computed_tokens": computed}
-    base = results["padded"]["tokens_per_s"]
+        median = sorted(times[name])[len(times[name]) // 2]
+        results[name] = {"tokens_per_s": real / best, "tokens_per_s_median": real / median, "median_s": median,
+                         "best_s": best, "all_s": times[name], "padding": 1 - real / computed,
+                         "passes": len(batches), "computed_tokens": computed}
+    base = results["padded"]
     table = Table(title=f"update-step throughput ({args.config}, {args.device}, lengths {args.lengths})")
-    for col in ("strategy", "real tokens/s", "vs padded", "padding", "forward passes", "best s", "median s"):
-        table.add_column(col)
+    for col in ("strategy", "tokens/s (best)", "vs padded", "tokens/s (median)", "vs padded", "padding", "passes"):
+        table.add_column(col, no_wrap=True)
     for name, r in results.items():
-        table.add_row(name, f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base:.2f}x", f"{r['padding']:.1%}",
-                      str(r["passes"]), f"{r['best_s']:.2f}", f"{r['median_s']:.2f}")
+        table.add_row(name, f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+                      f"{r['tokens_per_s_median']:,.0f}",
+                      f"{r['tokens_per_s_median'] / base['tokens_per_s_median']:.2f}x", f"{r['padding']:.1%}",
+                      str(r["passes"]))
+    console = Console(width=max(console.width, 110))
     console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "lengths": lengths, "results": results}, indent=1))

@@ -7,6 +7,7 @@ handlers that pass every option into the config (an option left out keeps the pr
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from rich.console import Console
@@ -41,6 +42,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     _add(p, "--no-progress", action="store_true", help="no progress display")
 
 
+def _main_process() -> bool:
+    """Whether this is rank 0 (or the only process): the one that reports."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _options(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return {n: getattr(args, n, None) for n in names}
 
@@ -55,7 +61,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
     config = preset(args.preset, model=args.model, data=args.data, out=args.out, epochs=args.epochs, lr=args.lr,
                     batch_size=args.batch_size, max_len=args.max_len, seed=args.seed, **_options(args, COMMON))
     result = train_sft(config, progress=not args.no_progress)
-    Console().print(f"SFT: {result['steps']} steps, loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
+    Console(quiet=not _main_process()).print(f"SFT: {result['steps']} steps, loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
                     f"checkpoint {result['checkpoint']} (use it as --policy hf:{result['checkpoint']})")
     return 0
 
@@ -72,7 +78,7 @@ def _grpo_cmd(args: argparse.Namespace) -> int:
                     **_options(args, COMMON + GRPO_EXTRA))
     result = train_grpo(config, progress=not args.no_progress)
     last = result["metrics"][-1] if result["metrics"] else {}
-    Console().print(f"GRPO: {result['steps']} steps, last reward {last.get('reward', 0):.3f}; "
+    Console(quiet=not _main_process()).print(f"GRPO: {result['steps']} steps, last reward {last.get('reward', 0):.3f}; "
                     f"checkpoint {result['checkpoint']}")
     return 0
 

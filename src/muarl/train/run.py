@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,9 @@ def open_run(config: Any, dist: Dist) -> Run:
         if resume is None and mode is False and checkpoints_dir(out).exists():
             shutil.rmtree(checkpoints_dir(out))
     if resume is not None and (out / "config.json").exists():
-        recorded = json.loads((out / "config.json").read_text())
         current = asdict(config)
+        # a field added to the config after the run was recorded had its default value then
+        recorded = {**_defaults(config), **json.loads((out / "config.json").read_text())}
         differ = sorted(k for k in set(recorded) | set(current)
                         if k not in MAY_CHANGE and recorded.get(k) != current.get(k))
         if differ:
@@ -60,6 +61,21 @@ def open_run(config: Any, dist: Dist) -> Run:
                              "that run. Use another --out, or --no-resume to start over (deletes its checkpoints)")
     if dist.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
+        if dist.world > 1 and hasattr(config, "model"):  # build a cached alias (tiny, smollm2) once, not per rank
+            from muarl.models import resolve
+
+            resolve(config.model)
     dist.barrier()
     torch.manual_seed(config.seed)
     return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
+
+
+def _defaults(config: Any) -> dict[str, Any]:
+    """The default value of every config field that has one, JSON-shaped like a recorded config."""
+    out = {}
+    for f in fields(config):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return json.loads(json.dumps(out))
