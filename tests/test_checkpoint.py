@@ -31,7 +31,7 @@ def _metrics(out: Path) -> list[dict]:
 
 def _grpo_cmd(out: Path) -> list[str]:
     return [sys.executable, "-m", "muarl", "grpo", "--preset", "tiny", "--domain", "train_fixtures:coin",
-            "--out", str(out), "--steps", "4", "--tasks-per-step", "2", "--group-size", "4",
+            "--out", str(out), "--steps", "4", "--tasks-per-step", "3", "--group-size", "4",
             "--max-new-tokens", "16", "--max-turns", "3", "--lr", "3e-3", "--save-every", "1",
             "--keep-checkpoints", "0", "--no-progress"]
 
@@ -62,8 +62,9 @@ def test_grpo_killed_with_sigkill_resumes_to_the_same_metrics_weights_and_rollou
 
     expected = _metrics(whole)
     assert [m["step"] for m in expected] == [1, 2, 3, 4]
-    # the test is only worth something if the updates did something: rewards differ within groups
-    assert all(m["grad_norm"] > 0 for m in expected) and any(m["kl"] > 0 for m in expected)
+    # the test is only worth something if the updates did something: rewards differ within groups (a step
+    # whose three groups all agree has probability (1/8)^3)
+    assert sum(m["grad_norm"] > 0 for m in expected) >= 3 and any(m["kl"] > 0 for m in expected)
     assert _metrics(killed) == expected  # every metric of every step, bit for bit (timings aside)
     a, b = load_file(whole / "model" / "model.safetensors"), load_file(killed / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -77,7 +78,7 @@ def test_grpo_killed_with_sigkill_resumes_to_the_same_metrics_weights_and_rollou
                [(t["token_ids"], t["reward"]["reward"], t["metadata"]["advantage"]) for t in theirs]
         assert {t["metadata"]["step"] for t in ours} == {step}
         assert sorted((t["metadata"]["group"], t["metadata"]["member"]) for t in ours) == \
-               [(g, m) for g in range(2) for m in range(4)]
+               [(g, m) for g in range(3) for m in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,11 @@ def test_resume_is_automatic_refuses_a_changed_config_and_no_resume_starts_over(
     assert run.start_step == 5 and run.resume_from == tmp_path / "checkpoints" / "step_5"
     with pytest.raises(ValueError, match=r"lr: 0.001 -> 0.01"):
         open_run(_Config(str(tmp_path), lr=1e-2), Dist())
+    # a run recorded before a config field existed resumes when the field keeps its default
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    del recorded["lr"]
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    assert open_run(_Config(str(tmp_path)), Dist()).start_step == 5
     run = open_run(_Config(str(tmp_path), lr=1e-2, resume=False), Dist())
     assert run.start_step == 0 and list_checkpoints(tmp_path) == []
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
