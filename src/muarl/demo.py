@@ -43,7 +43,7 @@ class DemoConfig:
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
     # SFT
-    sft_epochs: int = 3
+    sft_epochs: int = 2
     sft_lr: float = 3e-3
     sft_batch: int = 2  # small batches: a model this size learns per step, not per token
     # GRPO

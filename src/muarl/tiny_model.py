@@ -146,8 +146,10 @@ def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | No
 
     config = config or TinyConfig()
     out = Path(out)
-    if out.exists():
+    if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists; remove it or choose another --out")
+    if out.exists():  # an empty folder (say, made by mkdir -p) is fine
+        out.rmdir()
     tokenizer = tokenizer if tokenizer is not None else train_tokenizer(config.vocab_size)
     torch.manual_seed(config.seed)
     model_config = Qwen3Config(
