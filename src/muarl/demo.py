@@ -41,8 +41,9 @@ class DemoConfig:
     hidden_size: int = 64
     layers: int = 2
     heads: int = 4
-    # copying warm-up before SFT (0: none): random spans shown twice, so induction heads form
-    copy_steps: int = 200
+    # copying warm-up before SFT (0: none): random spans shown twice, so induction heads form; off by
+    # default: measured, it forms the heads but did not make SFT copy identifiers (README, the CPU demo)
+    copy_steps: int = 0
     # cold-start data: which families the teacher plays, how many of its conversations SFT uses
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
