@@ -165,7 +165,7 @@ class InterruptedAgent(Policy):
     def __init__(self):
         self.inner = make_policy("expert")
 
-    def session(self, domain, task):
+    def session(self, domain, task, seed=None):
         return _Interrupted(self.inner.session(domain, task))
 
 

@@ -88,7 +88,7 @@ class StepPolicy(Policy):
     def __init__(self, steps: list[str | ToolCall]):
         self.steps = steps
 
-    def session(self, domain: Domain, task: Task) -> PolicySession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
         return StepSession(list(self.steps))
 
 

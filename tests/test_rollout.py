@@ -45,7 +45,7 @@ class TextPolicy(Policy):
     def __init__(self, outputs):
         self.outputs = outputs
 
-    def session(self, domain, task):
+    def session(self, domain, task, seed=None):
         return _Text(list(self.outputs))
 
 
