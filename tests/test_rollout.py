@@ -187,3 +187,25 @@ def test_killed_rollout_keeps_finished_work_and_resumes(tmp_path):
         assert after[key].model_dump() == traj.model_dump()  # finished work is kept, not redone
     summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == 12
+
+
+def test_sampling_depends_on_task_and_member_not_on_what_else_ran() -> None:
+    """A resumed run plays only the missing episodes; each must sample what it would have sampled anyway."""
+    from muarl.models import load
+    from muarl.policies.hf import HFPolicy
+    from muarl.users.scripted import ScriptedUser
+
+    domain = get_domain("retail-lite")
+    a, b = domain.tasks("test")[:2]
+    model = load("tiny")
+    config = EpisodeConfig(max_turns=3)
+
+    def play(tasks: list) -> dict:
+        policy = HFPolicy(model, temperature=1.0, max_new_tokens=24, seed=7)  # a fresh policy, as after a restart
+        engine = RolloutEngine(domain, policy, ScriptedUser(), config, group_size=2, seed=3, progress=False)
+        groups = asyncio.run(engine.run(tasks))
+        return {(t.id, m): traj.token_ids for t, g in zip(tasks, groups, strict=True) for m, traj in enumerate(g)}
+
+    both, alone = play([a, b]), play([b])
+    assert both[(b.id, 0)] == alone[(b.id, 0)] and both[(b.id, 1)] == alone[(b.id, 1)]
+    assert both[(b.id, 0)] != both[(b.id, 1)]  # group members still sample differently
