@@ -128,3 +128,21 @@ def test_micro_batches_give_the_whole_batch_gradient(coin_batch, algorithm):
         assert torch.allclose(grads[size], whole, rtol=1e-4, atol=1e-7), (grads[size] - whole).abs().max()
         for key in ("loss", "kl", "clip_fraction", "entropy", "grad_norm"):
             assert stats[size][key] == pytest.approx(stats[len(coin_batch)][key], rel=1e-4, abs=1e-7), key
+
+
+def test_penalize_violations_zeroes_the_reward_of_a_rule_breaking_win() -> None:
+    """expert-noconfirm reaches the gold DB but writes unconfirmed: 1 under the paper's reward, 0 when penalized."""
+    import asyncio
+
+    from muarl.domain import get_domain
+    from muarl.factory import make_policy, make_user
+    from muarl.rollout import run_episode
+    from muarl.train.grpo import train_reward
+
+    domain = get_domain("retail-lite")
+    task = next(t for t in domain.tasks("test") if t.family == "cancel_order")
+    careless = asyncio.run(run_episode(domain, task, make_policy("expert-noconfirm"), make_user("scripted"), 0))
+    careful = asyncio.run(run_episode(domain, task, make_policy("expert"), make_user("scripted"), 0))
+    assert careless.reward.reward == 1.0 and careless.reward.violations
+    assert train_reward(careless) == 1.0 and train_reward(careless, penalize_violations=True) == 0.0
+    assert train_reward(careful, penalize_violations=True) == 1.0
