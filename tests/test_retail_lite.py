@@ -1,0 +1,44 @@
+"""retail-lite, the narrowed retail of the CPU demo: same world and grader, fewer and terser tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from muarl.domain import get_domain
+from muarl.domains.retail_lite import narrow
+from muarl.factory import make_policy, make_user
+from muarl.gold import gold_score
+from muarl.rollout import RolloutEngine
+
+
+def test_every_task_is_solvable_and_the_expert_solves_the_test_split() -> None:
+    lite = get_domain("retail-lite")
+    assert {t.family for t in lite.tasks()} == {"cancel_order", "return_items"}
+    assert all(gold_score(lite, t).reward.reward == 1.0 for t in lite.tasks())
+    tests = lite.tasks("test")[:30]
+    engine = RolloutEngine(lite, make_policy("expert"), make_user("scripted"), progress=False)
+    for (traj,) in asyncio.run(engine.run(tests)):
+        assert traj.reward.reward == 1.0 and not traj.reward.violations, traj.task_id
+        assert {r.name for r in traj.tool_log} <= set(lite.agent_tools)  # never a tool the domain lacks
+
+
+def test_tools_are_terse_and_results_cut_to_the_kept_fields() -> None:
+    retail, lite = get_domain("retail"), get_domain("retail-lite")
+    assert len(lite.tools) == 5 and "get_user_details" not in lite.agent_tools
+    for tool in lite.tools:
+        params = tool.spec.parameters["properties"].values()
+        assert all("description" not in p for p in params)
+        assert any("description" in p for p in retail.agent_tools[tool.name].spec.parameters["properties"].values())
+        assert tool.spec.parameters["required"] == retail.agent_tools[tool.name].spec.parameters["required"]
+    order = next(iter(lite.database().tables["orders"]))
+    full = json.loads(retail.env().call("get_order_details", {"order_id": order}).output)
+    cut = json.loads(lite.env().call("get_order_details", {"order_id": order}).output)
+    assert "address" in full and "address" not in cut and cut["items"] == full["items"]
+
+
+def test_narrow_names_what_does_not_exist() -> None:
+    with pytest.raises(ValueError, match="no_such_tool"):
+        narrow(get_domain("retail"), "x", "policy", {"no_such_tool": ("d", None)}, ["cancel_order"], {"train": 1})
