@@ -21,14 +21,31 @@ class Batch:
 
     input_ids: torch.Tensor  # [rows, length]
     position_ids: torch.Tensor  # [rows, length]
-    attention_mask: torch.Tensor  # [rows, 1, length, length] bool, True = may attend
+    segment: torch.Tensor  # [rows, length] long: which conversation of the row a token is in, -1 on padding
     loss_mask: torch.Tensor  # [rows, length] float, 1 where the token is a target
-    real: torch.Tensor  # [rows, length] bool, False on padding
 
     def to(self, device: torch.device | str) -> Batch:
         """The same batch on ``device``."""
-        return Batch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.attention_mask,
-                                               self.loss_mask, self.real)))
+        return Batch(*(t.to(device) for t in (self.input_ids, self.position_ids, self.segment, self.loss_mask)))
+
+    @property
+    def real(self) -> torch.Tensor:
+        """[rows, length] bool, False on padding."""
+        return self.segment >= 0
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[rows, 1, length, length] bool block-diagonal causal mask, True = may attend.
+
+        Built only when asked for (the dense-mask path, kept for comparison): segment attention and
+        unpacked rows never need it, and it is quadratic in the row length.
+        """
+        width = self.segment.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.segment.device).tril()
+        same = (self.segment.unsqueeze(2) == self.segment.unsqueeze(1)) & (self.segment.unsqueeze(2) >= 0)
+        # a padding position attends to itself only, so no softmax row is empty
+        eye = torch.eye(width, dtype=torch.bool, device=self.segment.device)
+        return ((same & causal) | eye).unsqueeze(1)
 
     @property
     def real_tokens(self) -> int:
@@ -75,11 +92,7 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> Batc
             segment[r, start:end] = k
             loss[r, start:end] = torch.tensor(ex.mask, dtype=torch.float)
             start = end
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    same = (segment.unsqueeze(2) == segment.unsqueeze(1)) & (segment.unsqueeze(2) >= 0)
-    # a padding position attends to itself only, so no softmax row is empty
-    attention = (same & causal) | torch.eye(width, dtype=torch.bool)
-    return Batch(ids, positions, attention.unsqueeze(1), loss, segment >= 0)
+    return Batch(ids, positions, segment, loss)
 
 
 #: the attention implementation for packed rows (see :func:`segment_attention`)
