@@ -64,7 +64,7 @@ class NaivePolicy(Policy):
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.tokens_computed = 0
 
-    def session(self, domain: Domain, task: Task) -> PolicySession:
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
         return _NaiveSession(self, ChatFormat(self.tokenizer, [t.spec for t in domain.tools]))
 
 
