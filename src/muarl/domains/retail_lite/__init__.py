@@ -4,7 +4,7 @@ Same database, task families and simulated users as ``retail``, but only what ca
 and returning delivered items need: five tools with one-line descriptions, a one-paragraph policy, and
 tool results cut to the fields those jobs use. A conversation is about 1,400 tokens with the embedded
 tokenizer instead of about 5,000 in ``retail``, which is what lets a model trained from random weights
-on two CPU cores learn whole conversations in minutes. Narrow a domain of your own with :func:`narrow`.
+on two CPU cores learn whole conversations in minutes. Narrow another built-in domain with :func:`narrow`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def narrow(base: Domain, name: str, policy: str, tools: Mapping[str, tuple[str, 
     """A view of ``base``: fewer, terser tools, its own policy, and tasks from some of its families only.
 
     The database, the task families' generators and the grader are the base domain's, so gold actions,
-    rewards and violations mean exactly what they mean there.
+    rewards and violations mean exactly what they mean there. ``base`` must be a built-in domain: its
+    families are read from ``muarl.domains.<base>.tasks.FAMILIES`` and task hosts from its ``users`` table.
     """
     family_table = import_module(f"muarl.domains.{base.name}.tasks").FAMILIES
     unknown = sorted(set(families) - set(family_table)) + sorted(set(tools) - set(base.agent_tools))
