@@ -2,9 +2,7 @@
 
 Top to bottom, each stage in its own folder of the run directory:
 
-1. ``model/``: build the embedded tiny Qwen3 model (random init) and its BPE tokenizer; ``copy/``: a
-   short copying warm-up on random tokens, so the model has induction heads before it sees a
-   conversation (see :mod:`muarl.train.copying`).
+1. ``model/``: build the embedded tiny Qwen3 model (random init) and its BPE tokenizer.
 2. ``synth/``: the expert teacher plays training tasks against the scripted user; clean wins become
    the cold-start data set.
 3. ``sft/``: supervised fine-tuning on it (loss on the agent's tokens only).
@@ -41,9 +39,6 @@ class DemoConfig:
     hidden_size: int = 64
     layers: int = 2
     heads: int = 4
-    # copying warm-up before SFT (0: none): random spans shown twice, so induction heads form; off by
-    # default: measured, it forms the heads but did not make SFT copy identifiers (README, the CPU demo)
-    copy_steps: int = 0
     # cold-start data: which families the teacher plays, how many of its conversations SFT uses
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
@@ -68,7 +63,7 @@ class DemoConfig:
 
 PRESETS: dict[str, DemoConfig] = {
     "default": DemoConfig(),
-    "smoke": DemoConfig(copy_steps=5, sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2,
+    "smoke": DemoConfig(sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2,
                         tasks_per_step=2, group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4, eval_k=2),
 }
 
@@ -100,19 +95,6 @@ def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
     return folder
 
 
-def warm_up(out: Path, config: DemoConfig, model: Path, seed: int) -> Path:
-    """Stage 1b: the copying warm-up (see :mod:`muarl.train.copying`)."""
-    from muarl.train.copying import CopyConfig, copy_warmup
-
-    if not config.copy_steps:
-        return model
-    folder = out / "copy"
-    if not _done(folder):
-        history = copy_warmup(model, folder, CopyConfig(steps=config.copy_steps, seed=seed))
-        _mark(folder, final_loss=history[-1]["loss"], copy_accuracy=history[-1]["copy_accuracy"])
-    return folder
-
-
 def synthesize_data(out: Path, config: DemoConfig, seed: int) -> Path:
     """Stage 2: expert x scripted user on training tasks; the clean wins as a chat data set."""
     from muarl.domain import get_domain
@@ -137,7 +119,7 @@ def supervised(out: Path, config: DemoConfig, model: Path, data: Path, seed: int
     if not _done(folder):
         train_sft(SFTConfig(model=str(model), data=[str(data)], out=str(folder), epochs=config.sft_epochs,
                             lr=config.sft_lr, batch_size=config.sft_batch, warmup_steps=2, max_len=0,
-                            packing=False, seed=seed, save_every=10, report_to="tensorboard"), progress=progress)
+                            packing=False, seed=seed, save_every=100, report_to="tensorboard"), progress=progress)
         _mark(folder)
     return folder / "model"
 
@@ -271,7 +253,6 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
         return result
 
     model = stage("model", build_model, out, config, seed)
-    model = stage("copy", warm_up, out, config, model, seed)
     data = stage("synth", synthesize_data, out, config, seed)
     sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
     before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)

@@ -24,6 +24,7 @@ from muarl.train import autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
+from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.train.run import open_run
 from muarl.train.trackers import Trackers, check_report_to
@@ -46,6 +47,9 @@ class SFTConfig:
     max_len: int = 16384  # tokens per packed row
     grad_clip: float = 1.0
     packing: bool = True
+    # rename identifier digit runs afresh in every conversation at every step (muarl.train.fresh_ids):
+    # for models trained from scratch, which otherwise memorize the data set's ids instead of copying
+    fresh_ids: bool = False
     seed: int = 0
     bf16: bool | None = None  # autocast forwards to bfloat16; None: where CUDA supports it
     lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
@@ -68,10 +72,19 @@ PRESETS: dict[str, SFTConfig] = {
 }
 
 
-def load_examples(paths: list[str], tokenizer: Any) -> list[Example]:
-    """Tokenize every conversation of the data set files (one chat format per distinct tool set)."""
+@dataclass
+class Record:
+    """One conversation of the data set: its chat-format line, its tool set's chat format and its tokens."""
+
+    record: dict[str, Any]
+    chat: ChatFormat
+    example: Example
+
+
+def load_records(paths: list[str], tokenizer: Any) -> list[Record]:
+    """Read and tokenize every conversation of the data set files (one chat format per distinct tool set)."""
     formats: dict[str, ChatFormat] = {}
-    examples = []
+    records = []
     for path in paths:
         for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -83,12 +96,26 @@ def load_examples(paths: list[str], tokenizer: Any) -> list[Example]:
                     specs = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
                                       parameters=t["function"].get("parameters", {})) for t in record["tools"]]
                     formats[key] = ChatFormat(tokenizer, specs)
-                examples.append(tokenize_conversation(formats[key], from_chat_record(record)))
+                example = tokenize_conversation(formats[key], from_chat_record(record))
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"{path}:{n}: not a usable chat record: {err}") from None
-    if not examples:
+            records.append(Record(record, formats[key], example))
+    if not records:
         raise ValueError(f"no conversations in {paths}")
-    return examples
+    return records
+
+
+def load_examples(paths: list[str], tokenizer: Any) -> list[Example]:
+    """The tokens of every conversation of the data set files."""
+    return [r.example for r in load_records(paths, tokenizer)]
+
+
+def step_examples(records: list[Record], indices: list[int], step: int, config: SFTConfig) -> list[Example]:
+    """One optimizer step's conversations; with ``fresh_ids``, each with identifiers renamed for this step."""
+    if not config.fresh_ids:
+        return [records[i].example for i in indices]
+    return [tokenize_conversation(records[i].chat, from_chat_record(
+        refresh_ids(records[i].record, step_rng(config.seed, step, i)))) for i in indices]
 
 
 def cosine(step: int, total: int, warmup: int) -> float:
@@ -119,10 +146,8 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     run = open_run(config, dist)
     model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)
     model.train()
-    examples = load_examples(config.data, tokenizer)
-    longest = max(len(e) for e in examples)
-    max_len = max(config.max_len, longest)
-    schedule_ = batch_schedule(len(examples), config)
+    records = load_records(config.data, tokenizer)
+    schedule_ = batch_schedule(len(records), config)
     total_steps = len(schedule_)
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -140,8 +165,9 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
         with _bar(progress and dist.main, total_steps, run.start_step) as advance:
             for step in range(run.start_step, total_steps):
                 epoch, indices = schedule_[step]
-                batch = [examples[i] for i in indices]
                 began = time.perf_counter()
+                batch = step_examples(records, indices, step, config)
+                max_len = max(config.max_len, max(len(e) for e in batch))
                 # longest first, dealt round-robin: every process gets a similar number of tokens
                 local = [batch[i] for i in dist.share(sorted(range(len(batch)), key=lambda i: -len(batch[i])))]
                 rows = plan_rows([len(e) for e in local], max_len) if config.packing else [[i] for i in range(len(local))]

@@ -1,0 +1,63 @@
+"""Fresh identifiers: renamed consistently inside a conversation, afresh per step, identically on resume."""
+
+import json
+import random
+import re
+
+from muarl.domain import get_domain
+from muarl.policies.expert import ExpertPolicy
+from muarl.synth import from_chat_record, synthesize
+from muarl.train.fresh_ids import refresh_ids, step_rng
+from muarl.train.sft import SFTConfig, load_records, step_examples
+from muarl.users.scripted import ScriptedUser
+
+
+def _record(tmp_path):
+    synthesize([get_domain("retail-lite")], ExpertPolicy(), ScriptedUser(), tmp_path, families=["cancel_order"],
+               progress=False)
+    return json.loads((tmp_path / "sft.jsonl").read_text().splitlines()[0])
+
+
+def _ids(text):
+    return re.findall(r"\d{4,}", text)
+
+
+def test_every_identifier_is_renamed_one_to_one_and_the_conversation_stays_consistent(tmp_path):
+    record = _record(tmp_path)
+    fresh = refresh_ids(record, random.Random(0))
+    before, after = json.dumps(record["messages"]), json.dumps(fresh["messages"])
+    old, new = _ids(before), _ids(after)
+    assert len(old) == len(new) > 3
+    mapping = dict(zip(old, new, strict=True))
+    # the same id is renamed the same way everywhere, two ids never become one, lengths are kept
+    assert all(mapping[o] == n for o, n in zip(old, new, strict=True))
+    assert len(set(mapping.values())) == len(mapping)
+    assert all(len(o) == len(n) for o, n in mapping.items())
+    assert sum(o != n for o, n in mapping.items()) >= len(mapping) - 1
+    # everything but the identifiers is untouched: short numbers, the tool list, the words
+    assert re.sub(r"\d{4,}", "#", before) == re.sub(r"\d{4,}", "#", after)
+    assert fresh["tools"] == record["tools"] and record["messages"] != fresh["messages"]
+    # the order id the user gives is the one the agent looks up and cancels
+    messages = from_chat_record(fresh)
+    order = re.search(r"#W\d+", messages[1].content).group(0)
+    calls = [c for m in messages for c in m.tool_calls if "order_id" in c.arguments]
+    assert calls and all(c.arguments["order_id"] == order for c in calls)
+    assert order not in json.dumps(record["messages"])
+
+
+def test_step_examples_rename_afresh_each_step_and_alike_for_a_resumed_run(tmp_path):
+    from muarl.models import load
+
+    _record(tmp_path)
+    _, tokenizer = load("tiny")
+    records = load_records([str(tmp_path / "sft.jsonl")], tokenizer)[:3]
+    config = SFTConfig(fresh_ids=True, seed=5)
+    first = step_examples(records, [0, 1], 7, config)
+    assert [e.ids for e in first] == [e.ids for e in step_examples(records, [0, 1], 7, config)]
+    assert [e.ids for e in first] != [e.ids for e in step_examples(records, [0, 1], 8, config)]
+    assert [e.ids for e in first] != [r.example.ids for r in records[:2]]
+    # the loss falls on the same kind of tokens: the agent's turns keep their places
+    assert [sum(e.mask) > 0 for e in first] == [True, True]
+    plain = step_examples(records, [0, 1], 7, SFTConfig(fresh_ids=False))
+    assert [e.ids for e in plain] == [r.example.ids for r in records[:2]]
+    assert step_rng(5, 7, 0).random() == step_rng(5, 7, 0).random() != step_rng(5, 7, 1).random()
