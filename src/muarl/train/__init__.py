@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+@dataclass
+class RunSettings:
+    """The settings every training run shares (SFT and GRPO configs extend it): seeding, precision, LoRA,
+    checkpoints, trackers and device."""
+
+    seed: int = 0
+    bf16: bool | None = None  # autocast forwards to bfloat16; None: where CUDA supports it
+    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning. The reference is the adapter switched off
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"  # or comma-separated module names, e.g. "q_proj,v_proj"
+    merge_lora: bool = True  # also write the adapter merged into the base as out/model
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
+    resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
+    report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
+    device: str | None = None  # None: this process's GPU when there is one, else the CPU
 
 
 def from_preset(presets: dict[str, T], name: str, kind: str, **overrides: Any) -> T:
@@ -15,27 +31,6 @@ def from_preset(presets: dict[str, T], name: str, kind: str, **overrides: Any) -
     if name not in presets:
         raise ValueError(f"unknown {kind} preset {name!r}; choose from {', '.join(presets)}")
     return replace(presets[name], **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[type-var]
-
-
-def start_run(config: Any) -> tuple[Path, Any, Any]:
-    """Create the run directory, record the resolved config, seed torch, load (model, tokenizer)."""
-    import torch
-
-    from muarl.models import load
-
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
-    torch.manual_seed(config.seed)
-    model, tokenizer = load(config.model)
-    return out, model, tokenizer
-
-
-def save_model(out: Path, model: Any, tokenizer: Any) -> Path:
-    """Save the trained model as an ordinary HF checkpoint at ``out/model``."""
-    model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
-    return out / "model"
 
 
 def autocast(bf16: bool | None, device: Any) -> Any:

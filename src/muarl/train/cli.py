@@ -59,7 +59,8 @@ def _sft_cmd(args: argparse.Namespace) -> int:
     from muarl.train.sft import preset, train_sft
 
     config = preset(args.preset, model=args.model, data=args.data, out=args.out, epochs=args.epochs, lr=args.lr,
-                    batch_size=args.batch_size, max_len=args.max_len, seed=args.seed, **_options(args, COMMON))
+                    batch_size=args.batch_size, max_len=args.max_len, seed=args.seed, fresh_ids=args.fresh_ids,
+                    **_options(args, COMMON))
     result = train_sft(config, progress=not args.no_progress)
     Console(quiet=not _main_process()).print(f"SFT: {result['steps']} steps, loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
                     f"checkpoint {result['checkpoint']} (use it as --policy hf:{result['checkpoint']})")
@@ -87,6 +88,9 @@ def add_commands(sub: Any) -> None:
     """Extend the ``sft`` and ``grpo`` subcommands that ``muarl.cli`` defined."""
     sft = sub.choices["sft"]
     _common(sft)
+    _add(sft, "--fresh-ids", dest="fresh_ids", action="store_const", const=True,
+         help="rename identifiers (digit runs of 4+) afresh in every conversation at every step, so a model "
+              "trained from scratch cannot memorize them (muarl.train.fresh_ids)")
     sft.set_defaults(func=_sft_cmd)
     grpo = sub.choices["grpo"]
     _common(grpo)

@@ -26,7 +26,7 @@ from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.policies.hf import HFPolicy
 from muarl.rollout import EpisodeConfig, RolloutEngine
-from muarl.train import autocast, from_preset
+from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
@@ -43,7 +43,7 @@ from muarl.types import Trajectory
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(RunSettings):
     """GRPO settings; the defaults are the paper's released script (see :data:`PRESETS`)."""
 
     model: str = "tiny"
@@ -68,19 +68,8 @@ class GRPOConfig:
     mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
     penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
     gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
-    seed: int = 0
     micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
-    bf16: bool | None = None  # autocast the update's forward passes to bfloat16; None: where CUDA supports it
-    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning. The reference is the adapter switched off
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"  # or comma-separated module names, e.g. "q_proj,v_proj"
-    merge_lora: bool = True  # also write the adapter merged into the base as out/model
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
-    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
-    resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
-    report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
-    device: str | None = None  # None: this process's GPU when there is one, else the CPU
 
 
 PRESETS: dict[str, GRPOConfig] = {

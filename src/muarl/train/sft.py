@@ -20,7 +20,7 @@ import torch
 
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record
-from muarl.train import autocast, from_preset
+from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
@@ -33,8 +33,8 @@ from muarl.types import ToolSpec
 
 
 @dataclass
-class SFTConfig:
-    """SFT settings; see :data:`PRESETS` for the paper's and the CPU demo's."""
+class SFTConfig(RunSettings):
+    """SFT settings (plus the shared :class:`~muarl.train.RunSettings`); see :data:`PRESETS`."""
 
     model: str = "tiny"
     data: list[str] = field(default_factory=list)
@@ -50,18 +50,7 @@ class SFTConfig:
     # rename identifier digit runs afresh in every conversation at every step (muarl.train.fresh_ids):
     # for models trained from scratch, which otherwise memorize the data set's ids instead of copying
     fresh_ids: bool = False
-    seed: int = 0
-    bf16: bool | None = None  # autocast forwards to bfloat16; None: where CUDA supports it
-    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"  # or comma-separated module names, e.g. "q_proj,v_proj"
-    merge_lora: bool = True  # also write the adapter merged into the base as out/model
     save_every: int = 20  # optimizer steps between checkpoints (0: only at the end)
-    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
-    resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
-    report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
-    device: str | None = None  # None: this process's GPU when there is one, else the CPU
 
 
 #: ``paper``: MUA-RL's cold start (AdamW, lr 5e-6 with cosine decay, 2 epochs, batch 128).
