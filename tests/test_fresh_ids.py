@@ -61,3 +61,23 @@ def test_step_examples_rename_afresh_each_step_and_alike_for_a_resumed_run(tmp_p
     plain = step_examples(records, [0, 1], 7, SFTConfig(fresh_ids=False))
     assert [e.ids for e in plain] == [r.example.ids for r in records[:2]]
     assert step_rng(5, 7, 0).random() == step_rng(5, 7, 0).random() != step_rng(5, 7, 1).random()
+
+
+def test_copy_diagnosis_splits_every_agent_token_into_digits_or_the_rest(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from muarl.models import load
+
+    spec = importlib.util.spec_from_file_location("copy_diagnosis", Path(__file__).parents[1] / "scripts" / "copy_diagnosis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    groups = module.token_losses("tiny", "retail-lite", "test", 2)
+    _, tokenizer = load("tiny")
+    synthesize([get_domain("retail-lite")], ExpertPolicy(), ScriptedUser(), tmp_path, split="test", progress=False)
+    examples = load_records([str(tmp_path / "sft.jsonl")], tokenizer)[:2]
+    targets = [e.example.ids[i] for e in examples for i in range(1, len(e.example)) if e.example.mask[i]]
+    with_digits = sum(bool(re.search(r"\d", tokenizer.decode([t]))) for t in targets)
+    assert len(groups["digits"]) == with_digits > 0
+    assert len(groups["other"]) == len(targets) - with_digits
+    assert all(v > 0 for v in groups["digits"] + groups["other"])
