@@ -81,3 +81,8 @@ def test_copy_diagnosis_splits_every_agent_token_into_digits_or_the_rest(tmp_pat
     assert len(groups["digits"]) == with_digits > 0
     assert len(groups["other"]) == len(targets) - with_digits
     assert all(v > 0 for v in groups["digits"] + groups["other"])
+    assert len(groups["right"]) == len(groups["digits"]) and set(groups["right"]) <= {0.0, 1.0}
+    record = json.loads((tmp_path / "sft.jsonl").read_text().splitlines()[0])
+    short = module.cut(record, 2)
+    assert short["tools"] == [] and len(short["messages"]) < len(record["messages"])
+    assert sum(bool(m.get("tool_calls")) for m in short["messages"]) == 2 and short["messages"][-1].get("tool_calls")
