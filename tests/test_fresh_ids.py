@@ -86,3 +86,21 @@ def test_copy_diagnosis_splits_every_agent_token_into_digits_or_the_rest(tmp_pat
     short = module.cut(record, 2)
     assert short["tools"] == [] and len(short["messages"]) < len(record["messages"])
     assert sum(bool(m.get("tool_calls")) for m in short["messages"]) == 2 and short["messages"][-1].get("tool_calls")
+
+
+def test_train_sft_trains_on_the_renamed_conversations(tmp_path):
+    from muarl.train.sft import train_sft
+
+    _record(tmp_path)
+    data = tmp_path / "two.jsonl"
+    data.write_text("\n".join((tmp_path / "sft.jsonl").read_text().splitlines()[:2]) + "\n")
+
+    def first_step(fresh: bool, out: str) -> dict:
+        config = SFTConfig(data=[str(data)], out=str(tmp_path / out), epochs=1, batch_size=2, lr=1e-3, packing=False,
+                           max_len=0, save_every=0, report_to="none", fresh_ids=fresh)
+        return train_sft(config, progress=False)["metrics"][0]
+
+    plain, fresh = first_step(False, "plain"), first_step(True, "fresh")
+    # same model, same conversations, same seed: only the renamed identifiers can change the loss
+    assert plain["loss"] != fresh["loss"]
+    assert first_step(True, "again")["loss"] == fresh["loss"]
