@@ -6,11 +6,17 @@ digit (order, user, item and payment ids, zips, amounts) and the rest. A model t
 but cannot copy identifiers shows a low loss on the rest and a loss near or above chance on the digits,
 which is what the README's demo status reports.
 
+``--args`` measures what decides an episode instead: for each tool-call argument (``first_name``,
+``zip``, ``order_id``, ``item_ids`` ...), the share of values the model writes exactly right when fed the
+conversation up to them (every token of the value its most likely next token). A call succeeds only if
+all its values are right, so this is the number that has to approach 1 before the demo can succeed.
+
 ``--cut N`` scores conversations cut after the agent's N-th tool call, with a one-line system turn and
 no tool schemas (about 200 tokens for N = 2), and ``--write-cut SRC DST`` writes a data set cut that way
 for ``muarl sft``: the short-conversation probe of the README.
 
     python scripts/copy_diagnosis.py --model runs/demo/sft/model
+    python scripts/copy_diagnosis.py --model runs/demo/sft/model --args
     python scripts/copy_diagnosis.py --write-cut runs/demo/synth/sft_used.jsonl runs/short.jsonl --cut 2
 """
 
@@ -21,6 +27,7 @@ import json
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,6 +81,34 @@ def token_losses(model_path: str, domain: str, split: str, n: int, calls: int = 
     return groups
 
 
+def _values(arguments: Any) -> list[tuple[str, str]]:
+    """(argument name, value as text) for every scalar value of a call's arguments, lists flattened."""
+    args = json.loads(arguments) if isinstance(arguments, str) else arguments
+    return [(name, str(v)) for name, value in args.items() for v in (value if isinstance(value, list) else [value])]
+
+
+def argument_copies(model: Any, tokenizer: Any, records: list[dict]) -> dict[str, list[bool]]:
+    """Per argument name, one bool per value in ``records``' tool calls: did the model, fed the
+    conversation up to that value, predict every one of its tokens as its most likely next token?"""
+    out: dict[str, list[bool]] = {}
+    for record in records:
+        text = tokenizer.apply_chat_template(record["messages"], tools=record.get("tools") or None, tokenize=False)
+        encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        ids, spans = encoded["input_ids"], encoded["offset_mapping"]
+        with torch.no_grad():
+            predicted = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        at = 0
+        for message in record["messages"]:
+            for call in message.get("tool_calls") or []:
+                at = text.index(f'"name": "{call["function"]["name"]}"', at)
+                for name, value in _values(call["function"]["arguments"]):
+                    start = text.index(value, at)
+                    at = start + len(value)
+                    tokens = [i for i, (a, b) in enumerate(spans) if a < at and b > start and i > 0]
+                    out.setdefault(name, []).append(all(predicted[i - 1] == ids[i] for i in tokens))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a checkpoint directory (or tiny / smollm2)")
@@ -81,6 +116,7 @@ def main() -> None:
     parser.add_argument("--split", default="test", help="the split whose tasks the expert plays (default test)")
     parser.add_argument("--n", type=int, default=40, help="conversations scored (default 40)")
     parser.add_argument("--cut", type=int, default=0, help="cut conversations after the agent's N-th tool call")
+    parser.add_argument("--args", action="store_true", help="per tool-call argument: share of values copied exactly")
     parser.add_argument("--write-cut", nargs=2, metavar=("SRC", "DST"), help="write a cut copy of a data set, then exit")
     args = parser.parse_args()
     if args.write_cut:
@@ -88,6 +124,21 @@ def main() -> None:
         return
     if not args.model:
         parser.error("--model is required")
+    if args.args:
+        model, tokenizer = load(args.model)
+        with tempfile.TemporaryDirectory() as tmp:
+            synthesize([get_domain(args.domain)], make_policy("expert"), make_user("scripted"), Path(tmp),
+                       split=args.split, progress=False)
+            if args.cut:
+                write_cut(Path(tmp) / "sft.jsonl", Path(tmp) / "sft.jsonl", args.cut)
+            lines = (Path(tmp) / "sft.jsonl").read_text(encoding="utf-8").splitlines()[:args.n]
+        copies = argument_copies(model, tokenizer, [json.loads(line) for line in lines])
+        print(f"{args.model} on {len(lines)} {args.domain} {args.split} conversations: values written exactly right")
+        print("| argument | values | exactly right |")
+        print("|---|---|---|")
+        for name, right in sorted(copies.items()):
+            print(f"| {name} | {len(right)} | {sum(right) / len(right):.3f} |")
+        return
     groups = token_losses(args.model, args.domain, args.split, args.n, args.cut)
     right = groups.pop("right")
     total = sum(sum(v) for v in groups.values())

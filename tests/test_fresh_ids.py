@@ -104,3 +104,39 @@ def test_train_sft_trains_on_the_renamed_conversations(tmp_path):
     # same model, same conversations, same seed: only the renamed identifiers can change the loss
     assert plain["loss"] != fresh["loss"]
     assert first_step(True, "again")["loss"] == fresh["loss"]
+
+
+def test_argument_copies_counts_a_value_right_only_when_every_token_of_it_is_predicted(tmp_path):
+    """A stand-in model that sees the answer (this test is about the bookkeeping, not about a model):
+    reading the next token gets every value right; reading one token too early gets them all wrong."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from muarl.models import load
+
+    spec = importlib.util.spec_from_file_location("copy_diagnosis", Path(__file__).parents[1] / "scripts" / "copy_diagnosis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _record(tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()[:2]]
+    _, tokenizer = load("tiny")
+
+    class Reader(torch.nn.Module):
+        def __init__(self, shift: int):
+            super().__init__()
+            self.shift = shift
+
+        def forward(self, input_ids):
+            ids = input_ids[0]
+            target = torch.roll(ids, -self.shift)
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(target, len(tokenizer)).float()[None])
+
+    right = module.argument_copies(Reader(1), tokenizer, records)
+    wrong = module.argument_copies(Reader(0), tokenizer, records)
+    calls = [c for r in records for m in r["messages"] for c in m.get("tool_calls") or []]
+    assert sum(map(len, right.values())) == sum(len(module._values(c["function"]["arguments"])) for c in calls) > 4
+    assert {"order_id", "reason"} <= set(right)
+    assert all(all(v) for v in right.values()) and not any(any(v) for v in wrong.values())
