@@ -62,3 +62,16 @@ def test_demo_refuses_other_settings_in_the_same_directory(tmp_path: Path) -> No
 def test_unknown_preset_is_a_clear_error(tmp_path: Path) -> None:
     result = _muarl("demo", "--preset", "huge", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_demo_model_takes_the_head_shape_from_its_config(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from muarl.demo import build_model
+
+    default = AutoConfig.from_pretrained(build_model(tmp_path / "a", PRESETS["default"], seed=0))
+    wide = AutoConfig.from_pretrained(build_model(tmp_path / "b", replace(PRESETS["default"], head_dim=64, kv_heads=4), seed=0))
+    assert (default.head_dim, default.num_key_value_heads) == (16, 2)
+    assert (wide.head_dim, wide.num_key_value_heads, wide.hidden_size) == (64, 4, default.hidden_size)

@@ -60,13 +60,19 @@ def test_synth_cli(tmp_path):
 
 def test_init_model_cli(tmp_path):
     out = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "m"), "--hidden-size",
-                          "32", "--layers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "32", "--layers", "1", "--head-dim", "24", "--kv-heads", "4"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     from muarl.models import load
 
     model, tokenizer = load(tmp_path / "m")
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+    assert model.config.head_dim == 24 and model.config.num_key_value_heads == 4
+    assert model.model.layers[0].self_attn.q_proj.out_features == 4 * 24
     assert type(model).__name__ == "Qwen3ForCausalLM" and "<tool_call>" in tokenizer.get_vocab()
     again = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "m")], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "exists" in again.stderr
+    uneven = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "u"), "--kv-heads", "3"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert uneven.returncode != 0 and "multiple of --kv-heads 3" in uneven.stderr and not (tmp_path / "u").exists()

@@ -193,8 +193,11 @@ def _init_model_cmd(args: argparse.Namespace) -> int:
 
     config = TinyConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
                         intermediate_size=4 * args.hidden_size, num_hidden_layers=args.layers,
-                        num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 2),
-                        head_dim=args.hidden_size // args.heads, seed=args.seed)
+                        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or max(1, args.heads // 2),
+                        head_dim=args.head_dim or args.hidden_size // args.heads, seed=args.seed)
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise SystemExit(f"--heads {config.num_attention_heads} must be a multiple of --kv-heads "
+                         f"{config.num_key_value_heads}")
     path = build(Path(args.out), config)
     print(f"built the embedded model at {path}")
     return 0
@@ -272,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=0,
+                   help="width of each attention head (default hidden size / heads); 64 learns to copy ids much sooner")
+    p.add_argument("--kv-heads", type=int, default=0, help="key/value heads (default heads / 2)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_init_model_cmd)

@@ -39,6 +39,8 @@ class DemoConfig:
     hidden_size: int = 64
     layers: int = 2
     heads: int = 4
+    head_dim: int = 0  # 0: hidden_size / heads. 64 learns to copy ids far sooner (README, demo status)
+    kv_heads: int = 0  # 0: heads / 2
     # cold-start data: which families the teacher plays, how many of its conversations SFT uses
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
@@ -88,8 +90,8 @@ def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
         if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
             shape = TinyConfig(hidden_size=config.hidden_size, intermediate_size=4 * config.hidden_size,
                                num_hidden_layers=config.layers, num_attention_heads=config.heads,
-                               num_key_value_heads=max(1, config.heads // 2),
-                               head_dim=config.hidden_size // config.heads, seed=seed)
+                               num_key_value_heads=config.kv_heads or max(1, config.heads // 2),
+                               head_dim=config.head_dim or config.hidden_size // config.heads, seed=seed)
             build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()))
         _mark(folder)
     return folder
