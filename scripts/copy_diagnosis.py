@@ -82,9 +82,10 @@ def token_losses(model_path: str, domain: str, split: str, n: int, calls: int = 
 
 
 def _values(arguments: Any) -> list[tuple[str, str]]:
-    """(argument name, value as text) for every scalar value of a call's arguments, lists flattened."""
+    """(argument name, value as the template renders it) for every value of a call's arguments, lists flattened."""
     args = json.loads(arguments) if isinstance(arguments, str) else arguments
-    return [(name, str(v)) for name, value in args.items() for v in (value if isinstance(value, list) else [value])]
+    return [(name, v if isinstance(v, str) else json.dumps(v)) for name, value in args.items()
+            for v in (value if isinstance(value, list) else [value])]
 
 
 def argument_copies(model: Any, tokenizer: Any, records: list[dict]) -> dict[str, list[bool]]:
