@@ -55,18 +55,23 @@ def write_cut(src: Path, dst: Path, calls: int) -> None:
     dst.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def expert_conversations(folder: Path, domain: str, split: str, calls: int = 0) -> Path:
+    """The expert's conversations with the scripted user on ``split``, as ``folder/sft.jsonl`` (cut after
+    ``calls`` tool calls when nonzero, see :func:`cut`)."""
+    synthesize([get_domain(domain)], make_policy("expert"), make_user("scripted"), folder, split=split, progress=False)
+    data = folder / "sft.jsonl"
+    if calls:
+        write_cut(data, data, calls)
+    return data
+
+
 def token_losses(model_path: str, domain: str, split: str, n: int, calls: int = 0) -> dict[str, list[float]]:
     """Per-agent-token losses, grouped into "digits" and "other" (``calls``: cut conversations, see :func:`cut`);
     "right" holds, per digit token, 1.0 where it is the model's most likely next token."""
     model, tokenizer = load(model_path)
     model.eval()
     with tempfile.TemporaryDirectory() as tmp:
-        synthesize([get_domain(domain)], make_policy("expert"), make_user("scripted"), Path(tmp), split=split,
-                   progress=False)
-        data = Path(tmp) / "sft.jsonl"
-        if calls:
-            write_cut(data, data, calls)
-        examples = load_examples([str(data)], tokenizer)[:n]
+        examples = load_examples([str(expert_conversations(Path(tmp), domain, split, calls))], tokenizer)[:n]
     groups: dict[str, list[float]] = {"digits": [], "other": [], "right": []}
     for example in examples:
         with torch.no_grad():
@@ -128,11 +133,8 @@ def main() -> None:
     if args.args:
         model, tokenizer = load(args.model)
         with tempfile.TemporaryDirectory() as tmp:
-            synthesize([get_domain(args.domain)], make_policy("expert"), make_user("scripted"), Path(tmp),
-                       split=args.split, progress=False)
-            if args.cut:
-                write_cut(Path(tmp) / "sft.jsonl", Path(tmp) / "sft.jsonl", args.cut)
-            lines = (Path(tmp) / "sft.jsonl").read_text(encoding="utf-8").splitlines()[:args.n]
+            data = expert_conversations(Path(tmp), args.domain, args.split, args.cut)
+            lines = data.read_text(encoding="utf-8").splitlines()[:args.n]
         copies = argument_copies(model, tokenizer, [json.loads(line) for line in lines])
         print(f"{args.model} on {len(lines)} {args.domain} {args.split} conversations: values written exactly right")
         print("| argument | values | exactly right |")

@@ -191,13 +191,8 @@ def _init_model_cmd(args: argparse.Namespace) -> int:
 
     from muarl.tiny_model import TinyConfig, build
 
-    config = TinyConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                        intermediate_size=4 * args.hidden_size, num_hidden_layers=args.layers,
-                        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or max(1, args.heads // 2),
-                        head_dim=args.head_dim or args.hidden_size // args.heads, seed=args.seed)
-    if config.num_attention_heads % config.num_key_value_heads:
-        raise SystemExit(f"--heads {config.num_attention_heads} must be a multiple of --kv-heads "
-                         f"{config.num_key_value_heads}")
+    config = TinyConfig.shaped(args.hidden_size, args.layers, args.heads, args.head_dim, args.kv_heads, args.seed,
+                               vocab_size=args.vocab_size)
     path = build(Path(args.out), config)
     print(f"built the embedded model at {path}")
     return 0

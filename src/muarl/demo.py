@@ -88,10 +88,8 @@ def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
     folder = out / "model"
     if not _done(folder):
         if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
-            shape = TinyConfig(hidden_size=config.hidden_size, intermediate_size=4 * config.hidden_size,
-                               num_hidden_layers=config.layers, num_attention_heads=config.heads,
-                               num_key_value_heads=config.kv_heads or max(1, config.heads // 2),
-                               head_dim=config.head_dim or config.hidden_size // config.heads, seed=seed)
+            shape = TinyConfig.shaped(config.hidden_size, config.layers, config.heads, config.head_dim,
+                                      config.kv_heads, seed)
             build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()))
         _mark(folder)
     return folder

@@ -87,6 +87,18 @@ class TinyConfig:
     max_position_embeddings: int = 8192
     seed: int = 0
 
+    @classmethod
+    def shaped(cls, hidden_size: int = 64, layers: int = 2, heads: int = 4, head_dim: int = 0, kv_heads: int = 0,
+               seed: int = 0, **rest: int) -> TinyConfig:
+        """A config from the few numbers people choose (``init-model`` and the demo): the MLP 4x wide,
+        ``head_dim`` 0 meaning hidden / heads and ``kv_heads`` 0 meaning heads / 2."""
+        kv_heads = kv_heads or max(1, heads // 2)
+        if heads % kv_heads:
+            raise ValueError(f"{heads} attention heads must be a multiple of --kv-heads {kv_heads}")
+        return cls(hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=layers,
+                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                   head_dim=head_dim or hidden_size // heads, seed=seed, **rest)
+
 
 #: the built-in domains whose texts the tokenizer learns from
 CORPUS_DOMAINS = ("retail", "airline", "telecom", "retail-lite")
