@@ -49,9 +49,15 @@ def test_fuzz_parser_never_raises():
         assert all(isinstance(c.arguments, dict) for c in parsed.tool_calls)
 
 
-@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+@pytest.fixture(scope="module", params=["tiny", "smollm2", "tiny-compact"])
 def tokenizer(request):
-    return load(request.param)[1]
+    """The embedded model's template, SmolLM2's (no tool support), and the embedded one's compact prompt."""
+    from muarl.tiny_model import chat_template
+
+    tokenizer = load(request.param.removesuffix("-compact"))[1]
+    if request.param.endswith("-compact"):
+        tokenizer.chat_template = chat_template("compact")
+    return tokenizer
 
 
 def test_tools_reach_the_model_with_or_without_native_support(tokenizer):
@@ -60,10 +66,18 @@ def test_tools_reach_the_model_with_or_without_native_support(tokenizer):
     task = retail.tasks("test")[0]
     traj, _ = gold_trajectory(retail, task)
     text = chat.render(traj.messages)
-    assert "cancel_pending_order" in text and retail.policy.splitlines()[0] in text
     for call in (c for m in traj.messages for c in m.tool_calls):
         assert json.dumps(call.arguments, ensure_ascii=False) in text
     assert chat.native_tools == ("smollm2" not in tokenizer.name_or_path)  # our tiny template has tools
+    schema = json.dumps(retail.tools[0].spec.openai_schema()["function"]["description"])[1:-1]
+    if "tools: " in tokenizer.chat_template:  # compact: the tool names stand for the policy and the schemas
+        system = text[:text.index("<|im_end|>")]
+        assert system == "<|im_start|>system\ntools: " + ", ".join(t.spec.name for t in retail.tools)
+        assert retail.policy.splitlines()[0] not in text and schema not in text
+        full = ChatFormat(load("tiny")[1], [t.spec for t in retail.tools])
+        assert len(chat.encode(text)) < len(full.encode(full.render(traj.messages))) / 2
+    else:
+        assert "cancel_pending_order" in text and retail.policy.splitlines()[0] in text and schema in text
 
 
 def test_append_only_building_matches_a_full_render_for_template_text(tokenizer):
@@ -94,3 +108,10 @@ def test_append_only_building_matches_a_full_render_for_template_text(tokenizer)
                     history = messages[:j]
                 i = j
             assert not chat.drifted(ids, history), task.id
+
+
+def test_unknown_prompt_is_refused_before_any_work():
+    from muarl.tiny_model import chat_template
+
+    with pytest.raises(ValueError, match="unknown prompt 'short': choose one of full, compact"):
+        chat_template("short")

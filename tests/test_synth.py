@@ -60,7 +60,7 @@ def test_synth_cli(tmp_path):
 
 def test_init_model_cli(tmp_path):
     out = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "m"), "--hidden-size",
-                          "32", "--layers", "1", "--head-dim", "24", "--kv-heads", "4"], cwd=ROOT, capture_output=True,
+                          "32", "--layers", "1", "--head-dim", "24", "--kv-heads", "4", "--prompt", "compact"], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     from muarl.models import load
@@ -70,6 +70,10 @@ def test_init_model_cli(tmp_path):
     assert model.config.head_dim == 24 and model.config.num_key_value_heads == 4
     assert model.model.layers[0].self_attn.q_proj.out_features == 4 * 24
     assert type(model).__name__ == "Qwen3ForCausalLM" and "<tool_call>" in tokenizer.get_vocab()
+    system = [{"role": "system", "content": "the policy"}, {"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "find_order", "description": "d", "parameters": {}}}
+    text = tokenizer.apply_chat_template(system, tools=[tool], tokenize=False)
+    assert text.startswith("<|im_start|>system\ntools: find_order<|im_end|>") and "the policy" not in text
     again = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "m")], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "exists" in again.stderr

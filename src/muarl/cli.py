@@ -193,7 +193,7 @@ def _init_model_cmd(args: argparse.Namespace) -> int:
 
     config = TinyConfig.shaped(args.hidden_size, args.layers, args.heads, args.head_dim, args.kv_heads, args.seed,
                                vocab_size=args.vocab_size)
-    path = build(Path(args.out), config)
+    path = build(Path(args.out), config, prompt=args.prompt)
     print(f"built the embedded model at {path}")
     return 0
 
@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="width of each attention head (default hidden size / heads); 64 learns to copy ids much sooner")
     p.add_argument("--kv-heads", type=int, default=0, help="key/value heads (default heads / 2)")
     p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--prompt", choices=["full", "compact"], default="full",
+                   help="system turn of the chat template: full (policy and tool schemas) or compact (tool names "
+                        "only; half as many tokens, for a model trained on one domain from random weights)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_init_model_cmd)
     # Commands defined in their own modules, each of which adds its subparsers (and, for train.cli, the

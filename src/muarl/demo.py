@@ -41,6 +41,7 @@ class DemoConfig:
     heads: int = 4
     head_dim: int = 0  # 0: hidden_size / heads. 64 learns to copy ids far sooner (README, demo status)
     kv_heads: int = 0  # 0: heads / 2
+    prompt: str = "full"  # the chat template's system turn: full, or compact (tool names only)
     # cold-start data: which families the teacher plays, how many of its conversations SFT uses
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
@@ -90,7 +91,7 @@ def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
         if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
             shape = TinyConfig.shaped(config.hidden_size, config.layers, config.heads, config.head_dim,
                                       config.kv_heads, seed)
-            build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()))
+            build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=config.prompt)
         _mark(folder)
     return folder
 
