@@ -34,20 +34,16 @@ import torch
 from muarl.domain import get_domain
 from muarl.factory import make_policy, make_user
 from muarl.models import load
-from muarl.synth import synthesize
+from muarl.synth import prefix_record, synthesize
 from muarl.train.sft import load_examples
 
 
 def cut(record: dict, calls: int) -> dict:
-    """A chat record cut after the agent's ``calls``-th tool call, with a one-line system turn and no tools."""
-    messages = [{"role": "system", "content": "Help the user with their order."}]
-    seen = 0
-    for message in record["messages"][1:]:
-        messages.append(message)
-        seen += bool(message.get("tool_calls"))
-        if seen == calls:
-            break
-    return {**record, "tools": [], "messages": messages}
+    """A chat record cut after the agent's ``calls``-th tool call, with a one-line system turn and no tools
+    (the probe of the README; the demo's ``sft-prefix`` stage keeps both: :func:`muarl.synth.prefix_record`)."""
+    opening = prefix_record(record, calls)
+    system = {"role": "system", "content": "Help the user with their order."}
+    return {**opening, "tools": [], "messages": [system] + opening["messages"][1:]}
 
 
 def write_cut(src: Path, dst: Path, calls: int) -> None:

@@ -80,3 +80,39 @@ def test_init_model_cli(tmp_path):
     uneven = subprocess.run([sys.executable, "-m", "muarl", "init-model", "--out", str(tmp_path / "u"), "--kv-heads", "3"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert uneven.returncode != 0 and "multiple of --kv-heads 3" in uneven.stderr and not (tmp_path / "u").exists()
+
+
+def test_prefixes_are_exact_openings_of_the_whole_conversations(tmp_path):
+    """An opening keeps the system turn and tools and stops at the agent's Nth tool call, so SFT on it
+    trains exactly the tokens it trains at the start of the whole conversation, under either template."""
+    import pytest
+
+    from muarl.chat import ChatFormat
+    from muarl.models import load
+    from muarl.synth import prefix_record, write_prefixes
+    from muarl.tiny_model import chat_template
+    from muarl.train.data import tokenize_conversation
+    from muarl.types import ToolSpec
+
+    synthesize([get_domain("retail-lite")], ExpertPolicy(), ScriptedUser(), tmp_path, progress=False)
+    assert write_prefixes(tmp_path / "sft.jsonl", tmp_path / "open.jsonl", 2) > 20
+    whole = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    opened = [json.loads(line) for line in (tmp_path / "open.jsonl").read_text().splitlines()]
+    tokenizer = load("tiny")[1]
+    for template in ("full", "compact"):
+        tokenizer.chat_template = chat_template(template)
+        for full, part in zip(whole[:10], opened[:10], strict=True):
+            assert part["tools"] == full["tools"] and part["messages"][0] == full["messages"][0]
+            assert sum(bool(m.get("tool_calls")) for m in part["messages"]) == 2 and part["messages"][-1]["tool_calls"]
+            specs = [ToolSpec(name=t["function"]["name"], description=t["function"]["description"],
+                              parameters=t["function"]["parameters"]) for t in full["tools"]]
+            chat = ChatFormat(tokenizer, specs)
+            a = tokenize_conversation(chat, from_chat_record(full))
+            b = tokenize_conversation(chat, from_chat_record(part))
+            assert a.ids[:len(b)] == b.ids and a.mask[:len(b)] == b.mask and len(b) < len(a)
+            if template == "compact":
+                assert len(b) < len(a) / 2
+    short = {**whole[0], "messages": whole[0]["messages"][:4]}
+    assert prefix_record(short, 9) == short
+    with pytest.raises(ValueError, match="at least one tool call"):
+        prefix_record(whole[0], 0)

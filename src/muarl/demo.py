@@ -45,10 +45,14 @@ class DemoConfig:
     # cold-start data: which families the teacher plays, how many of its conversations SFT uses
     sft_conversations: int = 400
     synth_families: tuple[str, ...] = ()
-    # SFT
+    # SFT, first on the conversations' openings (0: skip), then on whole conversations
+    prefix_calls: int = 0  # openings cut after the agent's Nth tool call: copying ids is learned there first
+    prefix_epochs: int = 20
+    prefix_batch: int = 8
     sft_epochs: int = 2
     sft_lr: float = 3e-3
     sft_batch: int = 2  # small batches: a model this size learns per step, not per token
+    fresh_ids: bool = False  # rename ids afresh every step (both SFT stages), so they must be copied, not recalled
     # GRPO
     grpo_steps: int = 8
     tasks_per_step: int = 8
@@ -112,6 +116,28 @@ def synthesize_data(out: Path, config: DemoConfig, seed: int) -> Path:
     return folder / "sft_used.jsonl"
 
 
+def opening_supervised(out: Path, config: DemoConfig, model: Path, data: Path, seed: int, progress: bool) -> Path:
+    """Stage 3a (when ``prefix_calls``): SFT on the conversations' openings, where a model from random
+    weights learns to copy ids many times sooner than from whole ones (:func:`muarl.synth.prefix_record`)."""
+    from muarl.synth import write_prefixes
+    from muarl.train.sft import SFTConfig, train_sft
+
+    folder = out / "sft-prefix"
+    if not config.prefix_calls:
+        return model
+    if not _done(folder):
+        folder.mkdir(exist_ok=True)
+        openings = folder / "openings.jsonl"
+        write_prefixes(data, openings, config.prefix_calls)
+        train_sft(SFTConfig(model=str(model), data=[str(openings)], out=str(folder), epochs=config.prefix_epochs,
+                            lr=config.sft_lr, batch_size=config.prefix_batch, warmup_steps=2, max_len=0,
+                            packing=False, seed=seed, save_every=100, fresh_ids=config.fresh_ids,
+                            report_to="tensorboard"),
+                  progress=progress)
+        _mark(folder)
+    return folder / "model"
+
+
 def supervised(out: Path, config: DemoConfig, model: Path, data: Path, seed: int, progress: bool) -> Path:
     """Stage 3: SFT on the synthesized conversations."""
     from muarl.train.sft import SFTConfig, train_sft
@@ -120,7 +146,8 @@ def supervised(out: Path, config: DemoConfig, model: Path, data: Path, seed: int
     if not _done(folder):
         train_sft(SFTConfig(model=str(model), data=[str(data)], out=str(folder), epochs=config.sft_epochs,
                             lr=config.sft_lr, batch_size=config.sft_batch, warmup_steps=2, max_len=0,
-                            packing=False, seed=seed, save_every=100, report_to="tensorboard"), progress=progress)
+                            packing=False, seed=seed, save_every=100, fresh_ids=config.fresh_ids,
+                            report_to="tensorboard"), progress=progress)
         _mark(folder)
     return folder / "model"
 
@@ -255,6 +282,8 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
 
     model = stage("model", build_model, out, config, seed)
     data = stage("synth", synthesize_data, out, config, seed)
+    if config.prefix_calls:
+        model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
     sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
     before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
     rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)

@@ -95,6 +95,36 @@ def from_chat_record(record: dict[str, Any]) -> list[Message]:
     return messages
 
 
+def prefix_record(record: dict[str, Any], calls: int) -> dict[str, Any]:
+    """A data-set line cut right after the agent's ``calls``-th tool call (system turn and tools kept, so
+    under any template it renders as an exact prefix of the whole conversation); shorter ones whole.
+
+    Why: a model trained from random weights learns to copy identifiers (names, emails, order ids) from
+    these short openings many times sooner than from whole conversations, whose long tails of
+    confirmations and summaries dilute every step; once it copies there, whole conversations keep it
+    (README, "The CPU demo": the demo's ``sft-prefix`` stage).
+    """
+    if calls < 1:
+        raise ValueError(f"a prefix needs at least one tool call, not {calls}")
+    messages, seen = [], 0
+    for message in record["messages"]:
+        messages.append(message)
+        seen += bool(message.get("tool_calls"))
+        if seen == calls:
+            break
+    return {**record, "messages": messages}
+
+
+def write_prefixes(src: Path, dst: Path, calls: int) -> int:
+    """:func:`prefix_record` of every line of ``src`` into ``dst`` (atomically); returns how many."""
+    lines = [json.dumps(prefix_record(json.loads(line), calls), ensure_ascii=False)
+             for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.replace(dst)
+    return len(lines)
+
+
 def synthesize(
     domains: list[Domain],
     teacher: Policy,
