@@ -26,8 +26,16 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     done = _muarl("demo", "--preset", "smoke", "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
-    for stage in ("model", "synth", "sft", "grpo"):
+    for stage in ("model", "synth", "sft-prefix", "sft", "grpo"):
         assert (out / stage / "DONE").exists(), stage
+    # the openings stage trained on exact prefixes, and whole-conversation SFT started from its model
+    openings = (out / "sft-prefix" / "openings.jsonl").read_text().splitlines()
+    whole = (out / "synth" / "sft_used.jsonl").read_text().splitlines()
+    assert len(openings) == len(whole) == PRESETS["smoke"].sft_conversations
+    first, full = json.loads(openings[0]), json.loads(whole[0])
+    n = len(first["messages"])
+    assert first["messages"] == full["messages"][:n] and n < len(full["messages"])
+    assert json.loads((out / "sft" / "config.json").read_text())["model"] == str(out / "sft-prefix" / "model")
     summary = json.loads((out / "summary.json").read_text())
     smoke = PRESETS["smoke"]
     for name in ("eval-sft", "eval-rl"):

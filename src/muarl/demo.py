@@ -70,7 +70,9 @@ class DemoConfig:
 
 PRESETS: dict[str, DemoConfig] = {
     "default": DemoConfig(),
-    "smoke": DemoConfig(sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2,
+    # smoke also runs the copying recipe's stages (compact prompt, openings first, fresh ids), briefly
+    "smoke": DemoConfig(prompt="compact", prefix_calls=2, prefix_epochs=1, fresh_ids=True,
+                        sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2,
                         tasks_per_step=2, group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4, eval_k=2),
 }
 
