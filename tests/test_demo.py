@@ -83,3 +83,20 @@ def test_demo_model_takes_the_head_shape_from_its_config(tmp_path: Path) -> None
     wide = AutoConfig.from_pretrained(build_model(tmp_path / "b", replace(PRESETS["default"], head_dim=64, kv_heads=4), seed=0))
     assert (default.head_dim, default.num_key_value_heads) == (16, 2)
     assert (wide.head_dim, wide.num_key_value_heads, wide.hidden_size) == (64, 4, default.hidden_size)
+
+
+def test_stop_after_ends_the_run_there_and_recipe_flags_reach_the_config(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = _muarl("demo", "--preset", "smoke", "--out", str(out), "--quiet", "--stop-after", "synth",
+                  "--head-dim", "32", "--kv-heads", "1", "--prompt", "full", "--sft-epochs", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped after synth" in done.stdout
+    assert (out / "model" / "DONE").exists() and (out / "synth" / "DONE").exists()
+    assert not (out / "sft-prefix").exists() and not (out / "sft").exists() and not (out / "summary.json").exists()
+    settings = json.loads((out / "demo.json").read_text())
+    assert (settings["head_dim"], settings["kv_heads"], settings["prompt"], settings["sft_epochs"]) == (32, 1, "full", 3)
+    assert settings["prefix_calls"] == PRESETS["smoke"].prefix_calls  # not given: the preset's
+    model = json.loads((out / "model" / "config.json").read_text())
+    assert (model["head_dim"], model["num_key_value_heads"]) == (32, 1)
+    bad = _muarl("demo", "--preset", "smoke", "--out", str(tmp_path / "x"), "--stop-after", "nope")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -257,9 +257,16 @@ def plot(out: Path) -> list[Path]:
     return written
 
 
+STAGES = ("model", "synth", "sft-prefix", "sft", "eval-sft", "grpo", "eval-rl")
+
+
 def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int = 0, progress: bool = True,
-             **overrides: Any) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the summary written to ``out/summary.json``."""
+             stop_after: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """Run (or resume) every stage; returns the summary written to ``out/summary.json``. ``stop_after``
+    ends the run after that stage (say ``eval-sft``, to measure an SFT recipe without the GRPO stage);
+    rerunning without it continues from there."""
+    if stop_after is not None and stop_after not in STAGES:
+        raise ValueError(f"unknown stage {stop_after!r}; choose from {', '.join(STAGES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r}; choose from {', '.join(PRESETS)}")
     config = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
@@ -274,22 +281,31 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     console = Console()
     clock: dict[str, float] = {}
 
+    class Stopped(Exception):
+        """``stop_after`` reached."""
+
     def stage(name: str, fn: Any, *args: Any) -> Any:
         console.rule(f"[bold]{name}")
         began = time.perf_counter()
         result = fn(*args)
         clock[name] = round(time.perf_counter() - began, 1)
         console.print(f"{name}: {clock[name]:.0f} s")
+        if name == stop_after:
+            raise Stopped
         return result
 
-    model = stage("model", build_model, out, config, seed)
-    data = stage("synth", synthesize_data, out, config, seed)
-    if config.prefix_calls:
-        model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
-    sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
-    before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
-    rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)
-    after = stage("eval-rl", evaluate_model, out, "eval-rl", config, rl_model, seed, progress)
+    try:
+        model = stage("model", build_model, out, config, seed)
+        data = stage("synth", synthesize_data, out, config, seed)
+        if config.prefix_calls or stop_after == "sft-prefix":
+            model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
+        sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
+        before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
+        rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)
+        after = stage("eval-rl", evaluate_model, out, "eval-rl", config, rl_model, seed, progress)
+    except Stopped:
+        console.print(f"stopped after {stop_after} ({sum(clock.values()):.0f} s); rerun without --stop-after to go on")
+        return {"preset": preset, "seed": seed, "stopped_after": stop_after, "seconds": clock}
     summary = {"preset": preset, "seed": seed, "domain": config.domain, "k": config.eval_k,
                "eval_tasks": config.eval_tasks, "sft": before, "rl": after, "seconds": clock,
                "total_seconds": round(sum(clock.values()), 1)}
@@ -316,11 +332,24 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the model init, data order, sampling and users")
     p.add_argument("--grpo-steps", type=int, help="override the preset's GRPO steps")
     p.add_argument("--eval-tasks", type=int, help="override how many test tasks are evaluated")
+    recipe = p.add_argument_group("the model and SFT recipe (README, \"The CPU demo\"; default: the preset's)")
+    recipe.add_argument("--head-dim", type=int, help="attention head width (0: hidden size / heads)")
+    recipe.add_argument("--kv-heads", type=int, help="key/value heads (0: heads / 2)")
+    recipe.add_argument("--prompt", choices=["full", "compact"], help="the chat template's system turn")
+    recipe.add_argument("--prefix-calls", type=int,
+                        help="first train on openings cut after the agent's Nth tool call (0: skip that stage)")
+    recipe.add_argument("--prefix-epochs", type=int, help="epochs of the openings stage")
+    recipe.add_argument("--fresh-ids", action="store_true", default=None, help="rename ids afresh every SFT step")
+    recipe.add_argument("--sft-epochs", type=int, help="epochs of whole-conversation SFT")
+    recipe.add_argument("--sft-batch", type=int, help="conversations per SFT step")
+    p.add_argument("--stop-after", choices=STAGES, help="end after this stage (rerun without it to go on)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def run(args: Any) -> int:
-        run_demo(args.out, args.preset, args.seed, progress=not args.quiet, grpo_steps=args.grpo_steps,
-                 eval_tasks=args.eval_tasks)
+        knobs = ("grpo_steps", "eval_tasks", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
+                 "fresh_ids", "sft_epochs", "sft_batch")
+        run_demo(args.out, args.preset, args.seed, progress=not args.quiet, stop_after=args.stop_after,
+                 **{k: getattr(args, k) for k in knobs})
         return 0
 
     p.set_defaults(func=run)
