@@ -128,13 +128,15 @@ def _enable_shared_prefix(model: Any) -> None:
     model.set_attn_implementation(ATTENTION)
 
 
-def _buffered_cache(model: Any, kv: KV | None, room: int) -> Any:
+def _buffered_cache(model: Any, kv: KV | None, room: int, length: int | None = None) -> Any:
     """A transformers cache whose layers append into preallocated buffers.
 
     The stock ``DynamicCache`` concatenates the whole cache with every new token (and copies it once
     more when built from tensors): O(length) memory traffic per token per layer, which dominates decode
     time and doubles peak memory for a 64-row batch. Writing in place into a buffer with ``room`` spare
-    positions (grown by doubling when full) makes an append O(1).
+    positions (grown by doubling when full) makes an append O(1). With ``length`` the tensors in ``kv``
+    already are such buffers (their first ``length`` positions filled) and are used as they are, not
+    copied: the decode batch builds them directly when rows join or leave (:meth:`BatchedGenerator._join`).
     """
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -142,10 +144,13 @@ def _buffered_cache(model: Any, kv: KV | None, room: int) -> Any:
     class BufferLayer(DynamicLayer):
         def __init__(self, keys: torch.Tensor, values: torch.Tensor):
             super().__init__()
-            b, h, n, d = keys.shape
-            self._k = keys.new_empty(b, h, n + room, d)
-            self._v = values.new_empty(b, h, n + room, values.shape[3])
-            self._k[:, :, :n], self._v[:, :, :n] = keys, values
+            if length is None:
+                b, h, n, d = keys.shape
+                self._k = keys.new_empty(b, h, n + room, d)
+                self._v = values.new_empty(b, h, n + room, values.shape[3])
+                self._k[:, :, :n], self._v[:, :, :n] = keys, values
+            else:
+                n, self._k, self._v = length, keys, values
             self.length, self.dtype, self.device, self.is_initialized = n, keys.dtype, keys.device, True
             self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
 
@@ -374,16 +379,19 @@ class BatchedGenerator:
         return SharedPrefix(self.prefix.tokens, self.prefix.kv, use)
 
     def _join(self, rows: list[_Row], kv: KV, mask: torch.Tensor) -> None:
-        """Add rows (their cache and column mask) to the batch with one concatenation per layer."""
+        """Add rows (their cache and column mask) to the batch: each layer's running rows and new rows are
+        copied once, left-aligned into one new decode buffer with room to grow (not concatenated, then
+        copied again into a buffer: with wide KV caches these copies are most of a rollout's time)."""
         if self.batch is None or self.mask is None:
-            self.batch, self.mask, self.rows = kv, mask, rows
-        else:
-            width = max(self.mask.shape[1], mask.shape[1])
-            self.batch = [(torch.cat([_pad(bk, width), _pad(k, width)]), torch.cat([_pad(bv, width), _pad(v, width)]))
-                          for (bk, bv), (k, v) in zip(self.batch, kv, strict=True)]
-            self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
-            self.rows = self.rows + rows
-        self.cache = None
+            self.batch, self.mask, self.rows, self.cache = kv, mask, rows, None
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        buffers = [(_stack_left_padded([bk, k], width, DECODE_ROOM), _stack_left_padded([bv, v], width, DECODE_ROOM))
+                   for (bk, bv), (k, v) in zip(self.batch, kv, strict=True)]
+        self.cache = _buffered_cache(self.model, buffers, room=0, length=width)
+        self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
+        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
+        self.rows = self.rows + rows
 
     @torch.no_grad()
     def _decode_step(self) -> None:
@@ -396,7 +404,7 @@ class BatchedGenerator:
         offsets = torch.tensor([r.seq.offset for r in self.rows], device=self.device)
         positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
         if self.cache is None:  # built once per batch composition, then appended to in place
-            self.cache = _buffered_cache(self.model, self.batch, room=256)
+            self.cache = _buffered_cache(self.model, self.batch, room=DECODE_ROOM)
         out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
                          position_ids=positions, use_cache=True,
                          shared_prefix=self._prefix_for([r.seq for r in self.rows]))
@@ -462,8 +470,15 @@ class BatchedGenerator:
         mask = self.mask.index_select(0, index)
         used = mask.any(dim=0).nonzero()
         trim = int(used[0]) if len(used) else 0  # leading columns no remaining row uses
-        self.batch = [(k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:])
-                      for k, v in self.batch]
+        if self.cache is not None:  # select the kept rows of the whole decode buffer: one copy, room included
+            length = self.cache.layers[0].length - trim
+            buffers = [(layer._k.index_select(0, index)[:, :, trim:], layer._v.index_select(0, index)[:, :, trim:])
+                       for layer in self.cache.layers]
+            self.cache = _buffered_cache(self.model, buffers, room=0, length=length)
+            self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
+        else:
+            self.batch = [(k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:])
+                          for k, v in self.batch]
         self.mask = mask[:, trim:]
         self.rows = [self.rows[i] for i in keep]
 
@@ -484,6 +499,25 @@ def _pad_or_empty(cache: KV | None, layer: int, width: int, like: KV) -> tuple[t
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     missing = width - mask.shape[1]
     return mask if missing == 0 else torch.cat([mask.new_zeros(mask.shape[0], missing), mask], dim=1)
+
+
+#: spare positions a decode buffer is built with (it doubles when full)
+DECODE_ROOM = 256
+
+
+def _stack_left_padded(parts: list[torch.Tensor], width: int, room: int) -> torch.Tensor:
+    """[rows, heads, length, dim] tensors stacked by rows, each right-aligned at ``width`` (zeros to its
+    left, like :func:`_pad`), into a new buffer with ``room`` unset positions after ``width``."""
+    rows = sum(t.shape[0] for t in parts)
+    first = parts[0]
+    out = first.new_empty(rows, first.shape[1], width + room, first.shape[3])
+    row = 0
+    for t in parts:
+        n = t.shape[2]
+        out[row:row + t.shape[0], :, :width - n].zero_()
+        out[row:row + t.shape[0], :, width - n:width] = t
+        row += t.shape[0]
+    return out
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
