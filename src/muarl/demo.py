@@ -5,7 +5,8 @@ Top to bottom, each stage in its own folder of the run directory:
 1. ``model/``: build the embedded tiny Qwen3 model (random init) and its BPE tokenizer.
 2. ``synth/``: the expert teacher plays training tasks against the scripted user; clean wins become
    the cold-start data set.
-3. ``sft/``: supervised fine-tuning on it (loss on the agent's tokens only).
+3. ``sft/``: supervised fine-tuning on it (loss on the agent's tokens only); with ``prefix_calls``, first
+   ``sft-prefix/``: the same on the conversations' openings, where copying ids is learned far sooner.
 4. ``eval-sft/``: the SFT model on held-out test tasks, ``k`` sampled trials each.
 5. ``grpo/``: GRPO from the SFT model with the scripted user in every rollout.
 6. ``eval-rl/``: the RL model on the same test tasks, same users, same trials.

@@ -75,8 +75,8 @@ To call a function, write a JSON object with its name and arguments inside <tool
 
 #: The system turn of the compact template: the tool names only, no policy text and no schemas. A model
 #: trained from random weights on one domain cannot read either (it learns the policy and the tools from
-#: its data), and they are over half of every conversation: without them a training step costs half as
-#: much and the ids a model must copy sit far closer to where it copies them (README, "The CPU demo").
+#: its data), and they are about half of every conversation's tokens (the demo's conversations: 683 tokens
+#: on average instead of 1,342; README, "The CPU demo").
 _COMPACT_SYSTEM = r"""
 {%- if tools -%}
 <|im_start|>system
