@@ -231,7 +231,7 @@ class BatchedGenerator:
         self.queue: list[_Request] = []
         self.rows: list[_Row] = []
         self.batch: KV | None = None  # per layer (K, V): [rows, heads, length, dim], left-padded
-        self.cache: Any = None  # the batch's live cache (buffered layers over ``batch``)
+        self.cache: Any = None  # the batch's live cache (buffered layers; ``batch`` holds views of it)
         self.mask: torch.Tensor | None = None  # [rows, length] bool: which cache columns hold a real token
         self.wakeup: asyncio.Event | None = None
         self.runner: asyncio.Task | None = None
@@ -382,15 +382,14 @@ class BatchedGenerator:
         """Add rows (their cache and column mask) to the batch: each layer's running rows and new rows are
         copied once, left-aligned into one new decode buffer with room to grow (not concatenated, then
         copied again into a buffer: with wide KV caches these copies are most of a rollout's time)."""
-        if self.batch is None or self.mask is None:
-            self.batch, self.mask, self.rows, self.cache = kv, mask, rows, None
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        buffers = [(_stack_left_padded([bk, k], width, DECODE_ROOM), _stack_left_padded([bv, v], width, DECODE_ROOM))
-                   for (bk, bv), (k, v) in zip(self.batch, kv, strict=True)]
+        width = mask.shape[1] if self.mask is None else max(self.mask.shape[1], mask.shape[1])
+        buffers = []
+        for layer, (k, v) in enumerate(kv):
+            keys, values = ([k], [v]) if self.batch is None else ([self.batch[layer][0], k], [self.batch[layer][1], v])
+            buffers.append((_stack_left_padded(keys, width, DECODE_ROOM), _stack_left_padded(values, width, DECODE_ROOM)))
         self.cache = _buffered_cache(self.model, buffers, room=0, length=width)
         self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
-        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
+        self.mask = mask if self.mask is None else torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
         self.rows = self.rows + rows
 
     @torch.no_grad()
@@ -403,8 +402,7 @@ class BatchedGenerator:
         inputs = torch.tensor([[max(r.pending, 0)] for r in self.rows], device=self.device)
         offsets = torch.tensor([r.seq.offset for r in self.rows], device=self.device)
         positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
-        if self.cache is None:  # built once per batch composition, then appended to in place
-            self.cache = _buffered_cache(self.model, self.batch, room=DECODE_ROOM)
+        assert self.cache is not None  # built when rows join or leave, then appended to in place
         out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
                          position_ids=positions, use_cache=True,
                          shared_prefix=self._prefix_for([r.seq for r in self.rows]))
@@ -462,23 +460,19 @@ class BatchedGenerator:
             if not row.future.done():
                 row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
         keep = [i for i in range(len(self.rows)) if i not in set(done)]
-        self.cache = None
         if not keep:
-            self.batch, self.rows, self.mask = None, [], None
+            self.batch, self.rows, self.mask, self.cache = None, [], None, None
             return
         index = torch.tensor(keep, device=self.device)
         mask = self.mask.index_select(0, index)
         used = mask.any(dim=0).nonzero()
         trim = int(used[0]) if len(used) else 0  # leading columns no remaining row uses
-        if self.cache is not None:  # select the kept rows of the whole decode buffer: one copy, room included
-            length = self.cache.layers[0].length - trim
-            buffers = [(layer._k.index_select(0, index)[:, :, trim:], layer._v.index_select(0, index)[:, :, trim:])
-                       for layer in self.cache.layers]
-            self.cache = _buffered_cache(self.model, buffers, room=0, length=length)
-            self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
-        else:
-            self.batch = [(k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:])
-                          for k, v in self.batch]
+        # the kept rows of the whole decode buffer, room included: one copy, and decoding goes on in it
+        length = self.cache.layers[0].length - trim
+        buffers = [(layer._k.index_select(0, index)[:, :, trim:], layer._v.index_select(0, index)[:, :, trim:])
+                   for layer in self.cache.layers]
+        self.cache = _buffered_cache(self.model, buffers, room=0, length=length)
+        self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
         self.mask = mask[:, trim:]
         self.rows = [self.rows[i] for i in keep]
 
