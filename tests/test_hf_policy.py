@@ -95,6 +95,9 @@ def test_tiny_model_episodes_are_token_exact_and_compute_each_token_once():
         # the first domain's system turn (policy + tools) is the engine's shared prefix: its 18 episodes sit on it
         assert engine.tokens_reused == 18 * len(engine.prefix.tokens) and engine.prefix_computed == len(engine.prefix.tokens)
         assert sum(t.turns for t in trajectories) > 2 * len(trajectories)  # multi-turn, not one-shot
+        # rows that finish a turn free their slot and later turns join into free slots (one row's copy);
+        # the whole buffer is rebuilt only when free slots outnumber live rows or a row is wider than it
+        assert engine.slot_fills > engine.rebuilds > 0
         drift = _check_token_exactness(policy, trajectories, 1.0)
         print(f"tiny model: {len(trajectories)} episodes, drift rate {drift:.2f}")
     finally:
@@ -124,6 +127,23 @@ def test_batched_generation_equals_one_at_a_time():
         hook = bias_end_of_turn(policy.model, policy.tokenizer, 4.0)
         outs.append(_run(policy, domain, tasks, 2, TalkativeUser(2), concurrency=concurrency))
         hook.remove()
+    assert [t.token_ids for t in outs[0]] == [t.token_ids for t in outs[1]]
+
+
+def test_rows_joining_free_slots_sample_as_one_at_a_time():
+    """Turns that end at different times free slots that later turns join into: what each episode
+    samples (from its own generator) is still what it samples alone."""
+    domain = get_domain("airline")
+    tasks = domain.tasks("test")[:8]
+    outs = []
+    for concurrency in (64, 1):
+        policy = HFPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=0)
+        hook = bias_end_of_turn(policy.model, policy.tokenizer, 5.0)
+        outs.append(_run(policy, domain, tasks, 2, TalkativeUser(3), concurrency=concurrency))
+        hook.remove()
+        if concurrency > 1:
+            assert policy.engine.slot_fills > 0
+    assert len({sum(t.loss_mask) for t in outs[0]}) > 3  # turns of many lengths: rows leave at different steps
     assert [t.token_ids for t in outs[0]] == [t.token_ids for t in outs[1]]
 
 

@@ -229,7 +229,9 @@ class BatchedGenerator:
         self.max_batch = max_batch
         self.device = next(model.parameters()).device
         self.queue: list[_Request] = []
-        self.rows: list[_Row] = []
+        #: the decode batch's rows; None is a free slot (a row that finished), which the next row to join
+        #: takes over, so that rows leaving and joining copy one row's cache, not the whole batch's
+        self.rows: list[_Row | None] = []
         self.batch: KV | None = None  # per layer (K, V): [rows, heads, length, dim], left-padded
         self.cache: Any = None  # the batch's live cache (buffered layers; ``batch`` holds views of it)
         self.mask: torch.Tensor | None = None  # [rows, length] bool: which cache columns hold a real token
@@ -240,6 +242,8 @@ class BatchedGenerator:
         self.prefix_computed = 0  # of tokens_computed, those spent computing the shared prefix itself
         self.decode_steps = 0
         self.prefill_passes = 0
+        self.slot_fills = 0  # rows that joined into a free slot (one row's copy)
+        self.rebuilds = 0  # times the whole decode buffer was rebuilt (every live row's copy)
         #: event-loop rounds to wait before admitting, so the episodes released by the last step (tool
         #: calls, user replies, rendering: a few awaits each) join in one batched prefill, not one by one
         self.settle = 8
@@ -275,8 +279,8 @@ class BatchedGenerator:
                     await self.wakeup.wait()
                 for _ in range(self.settle):  # let episodes whose turn just ended queue their next request
                     await asyncio.sleep(0)
-                if self.queue and len(self.rows) < self.max_batch:
-                    take = self.queue[: self.max_batch - len(self.rows)]
+                if self.queue and self._live() < self.max_batch:
+                    take = self.queue[: self.max_batch - self._live()]
                     del self.queue[: len(take)]
                     await asyncio.to_thread(self._admit, take)
                     self._release_finished()  # a turn can end on its first token
@@ -284,7 +288,7 @@ class BatchedGenerator:
                     await asyncio.to_thread(self._decode_step)
                     self._release_finished()
         except Exception as err:  # fail every waiting episode loudly rather than hang them
-            for item in self.rows + self.queue:
+            for item in [r for r in self.rows if r is not None] + self.queue:
                 if not item.future.done():
                     item.future.set_exception(err)
             self.rows, self.queue, self.batch, self.mask, self.cache = [], [], None, None, None
@@ -371,48 +375,92 @@ class BatchedGenerator:
             seq.shared, seq.offset = True, plen
             self.tokens_reused += plen
 
-    def _prefix_for(self, seqs: list[_Sequence]) -> SharedPrefix | None:
-        """The shared prefix with this forward pass's row mask, or None when no row uses it."""
-        if self.prefix is None or not any(s.shared for s in seqs):
+    def _prefix_for(self, seqs: list[_Sequence | None]) -> SharedPrefix | None:
+        """The shared prefix with this forward pass's row mask (free slots: off), or None when no row uses it."""
+        shared = [s is not None and s.shared for s in seqs]
+        if self.prefix is None or not any(shared):
             return None
-        use = torch.tensor([s.shared for s in seqs], dtype=torch.bool, device=self.device)
+        use = torch.tensor(shared, dtype=torch.bool, device=self.device)
         return SharedPrefix(self.prefix.tokens, self.prefix.kv, use)
 
+    def _live(self) -> int:
+        return sum(r is not None for r in self.rows)
+
     def _join(self, rows: list[_Row], kv: KV, mask: torch.Tensor) -> None:
-        """Add rows (their cache and column mask) to the batch: each layer's running rows and new rows are
-        copied once, left-aligned into one new decode buffer with room to grow (not concatenated, then
-        copied again into a buffer: with wide KV caches these copies are most of a rollout's time)."""
-        width = mask.shape[1] if self.mask is None else max(self.mask.shape[1], mask.shape[1])
+        """Add rows (their cache and column mask) to the batch.
+
+        When the batch has enough free slots and the new rows are no wider than it, each new row's cache
+        is written into a free slot, right-aligned (one row's copy). Otherwise the live rows and the new
+        ones are copied once, left-aligned into a new decode buffer with room to grow, which also drops
+        the free slots (not concatenated, then copied again: with wide KV caches these copies are most of
+        a rollout's time).
+        """
+        free = [i for i, r in enumerate(self.rows) if r is None]
+        if self.batch is not None and self.mask is not None and len(free) >= len(rows) and mask.shape[1] <= self.mask.shape[1]:
+            self._fill(free[: len(rows)], rows, kv, mask)
+            self.slot_fills += len(rows)
+            return
+        self.rebuilds += 1
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        old: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []  # per layer: the live rows' K and V views
+        masks = [mask]
+        width = mask.shape[1]
+        if live:
+            assert self.batch is not None and self.mask is not None
+            trim = int(self.mask[live].any(dim=0).nonzero()[0])  # leading columns no live row uses
+            width = max(self.mask.shape[1] - trim, width)
+            old = [(_row_runs(k[:, :, trim:], live), _row_runs(v[:, :, trim:], live)) for k, v in self.batch]
+            masks = [self.mask[live, trim:], mask]
         buffers = []
         for layer, (k, v) in enumerate(kv):
-            keys, values = ([k], [v]) if self.batch is None else ([self.batch[layer][0], k], [self.batch[layer][1], v])
+            keys, values = (old[layer][0] + [k], old[layer][1] + [v]) if old else ([k], [v])
             buffers.append((_stack_left_padded(keys, width, DECODE_ROOM), _stack_left_padded(values, width, DECODE_ROOM)))
         self.cache = _buffered_cache(self.model, buffers, room=0, length=width)
         self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
-        self.mask = mask if self.mask is None else torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
-        self.rows = self.rows + rows
+        self.mask = torch.cat([_pad_mask(m, width) for m in masks])
+        self.rows = [self.rows[i] for i in live] + list(rows)
+
+    def _fill(self, slots: list[int], rows: list[_Row], kv: KV, mask: torch.Tensor) -> None:
+        """Write new rows into free slots of the decode buffer, right-aligned at its current length."""
+        assert self.cache is not None and self.mask is not None
+        width, n = self.mask.shape[1], mask.shape[1]
+        index = torch.tensor(slots, device=self.device)
+        for layer, (k, v) in zip(self.cache.layers, kv, strict=True):
+            for buffer, new in ((layer._k, k), (layer._v, v)):
+                buffer[index, :, : width - n] = 0  # masked, but never garbage (0 * inf would be NaN)
+                buffer[index, :, width - n: width] = new
+        self.mask[index] = _pad_mask(mask, width)
+        for slot, row in zip(slots, rows, strict=True):
+            self.rows[slot] = row
 
     @torch.no_grad()
     def _decode_step(self) -> None:
-        live = [i for i, r in enumerate(self.rows) if r.finish is None]
+        live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
         if not live:
             return
         assert self.batch is not None and self.mask is not None
+        rows = [r for r in self.rows if r is not None]
+        # a free slot decodes a pad token over its stale columns (its own new column keeps the softmax
+        # finite); nothing of it is sampled or kept
         mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
-        inputs = torch.tensor([[max(r.pending, 0)] for r in self.rows], device=self.device)
-        offsets = torch.tensor([r.seq.offset for r in self.rows], device=self.device)
+        inputs = torch.tensor([[max(r.pending, 0) if r else 0] for r in self.rows], device=self.device)
+        offsets = torch.tensor([r.seq.offset if r else 0 for r in self.rows], device=self.device)
         positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
         assert self.cache is not None  # built when rows join or leave, then appended to in place
         out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
                          position_ids=positions, use_cache=True,
-                         shared_prefix=self._prefix_for([r.seq for r in self.rows]))
+                         shared_prefix=self._prefix_for([r.seq if r else None for r in self.rows]))
         self.batch = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         self.mask = mask
         self.tokens_computed += len(live)
         self.decode_steps += 1
-        tokens, logprobs = self._sample(out.logits[:, -1, :], [r.seq.generator for r in self.rows])
-        for i in live:
-            self._accept(self.rows[i], tokens[i], logprobs[i])
+        logits = out.logits[:, -1, :]
+        if len(rows) < len(self.rows):
+            logits = logits[[i for i, r in enumerate(self.rows) if r is not None]]
+        tokens, logprobs = self._sample(logits, [r.seq.generator for r in rows])
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            if row.finish is None:
+                self._accept(row, token, logprob)
 
     def _accept(self, row: _Row, token: int, logprob: float) -> None:
         if row.pending >= 0:
@@ -448,33 +496,42 @@ class BatchedGenerator:
         return tokens.tolist(), chosen.tolist()
 
     def _release_finished(self) -> None:
-        """Hand finished rows their results and (hole-free) cache, and drop them from the batch."""
-        done = [i for i, r in enumerate(self.rows) if r.finish is not None]
+        """Hand finished rows their results and (hole-free) cache, and free their slots in the batch.
+
+        A freed slot stays in the buffer for the next row to join; the batch is only rebuilt (live rows
+        copied into a new buffer, leading columns no live row uses trimmed) once free slots outnumber
+        live rows, so that dead rows never cost more decode work than live ones.
+        """
+        done = [i for i, r in enumerate(self.rows) if r is not None and r.finish is not None]
         if not done:
             return
         assert self.batch is not None and self.mask is not None
         for i in done:
             row, cols = self.rows[i], self.mask[i].nonzero().squeeze(1)
+            assert row is not None
             row.seq.cache = [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in self.batch]  # gathers copy
             row.seq.ids.append(row.pending)  # the stop token: in the ids, not yet in the cache
             if not row.future.done():
                 row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
-        keep = [i for i in range(len(self.rows)) if i not in set(done)]
-        if not keep:
+            self.rows[i] = None
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        if not live:
             self.batch, self.rows, self.mask, self.cache = None, [], None, None
             return
-        index = torch.tensor(keep, device=self.device)
+        if 2 * len(live) >= len(self.rows):
+            return
+        self.rebuilds += 1
+        index = torch.tensor(live, device=self.device)
         mask = self.mask.index_select(0, index)
-        used = mask.any(dim=0).nonzero()
-        trim = int(used[0]) if len(used) else 0  # leading columns no remaining row uses
-        # the kept rows of the whole decode buffer, room included: one copy, and decoding goes on in it
+        trim = int(mask.any(dim=0).nonzero()[0])  # leading columns no live row uses
+        # the live rows of the whole decode buffer, room included: one copy, and decoding goes on in it
         length = self.cache.layers[0].length - trim
         buffers = [(layer._k.index_select(0, index)[:, :, trim:], layer._v.index_select(0, index)[:, :, trim:])
                    for layer in self.cache.layers]
         self.cache = _buffered_cache(self.model, buffers, room=0, length=length)
         self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
         self.mask = mask[:, trim:]
-        self.rows = [self.rows[i] for i in keep]
+        self.rows = [self.rows[i] for i in live]
 
 
 def _template(seqs: list[_Sequence]) -> KV:
@@ -488,6 +545,18 @@ def _pad_or_empty(cache: KV | None, layer: int, width: int, like: KV) -> tuple[t
         k, v = like[layer]
         return (k.new_zeros(1, k.shape[1], width, k.shape[3]), v.new_zeros(1, v.shape[1], width, v.shape[3]))
     return _pad(cache[layer][0], width), _pad(cache[layer][1], width)
+
+
+def _row_runs(t: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+    """Views of ``t`` holding ``rows`` (sorted), one per run of consecutive rows: selected without a copy."""
+    runs: list[torch.Tensor] = []
+    start = prev = rows[0]
+    for r in rows[1:] + [-1]:
+        if r != prev + 1:
+            runs.append(t[start:prev + 1])
+            start = r
+        prev = r
+    return runs
 
 
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
