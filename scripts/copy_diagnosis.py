@@ -34,7 +34,7 @@ import torch
 from muarl.domain import get_domain
 from muarl.factory import make_policy, make_user
 from muarl.models import load
-from muarl.synth import prefix_record, synthesize
+from muarl.synth import map_records, prefix_record, synthesize
 from muarl.train.sft import load_examples
 
 
@@ -47,8 +47,7 @@ def cut(record: dict, calls: int) -> dict:
 
 
 def write_cut(src: Path, dst: Path, calls: int) -> None:
-    lines = [json.dumps(cut(json.loads(line), calls)) for line in src.read_text(encoding="utf-8").splitlines() if line]
-    dst.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    map_records(src, dst, lambda record: cut(record, calls))
 
 
 def expert_conversations(folder: Path, domain: str, split: str, calls: int = 0) -> Path:

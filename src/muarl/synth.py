@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,14 +115,20 @@ def prefix_record(record: dict[str, Any], calls: int) -> dict[str, Any]:
     return {**record, "messages": messages}
 
 
-def write_prefixes(src: Path, dst: Path, calls: int) -> int:
-    """:func:`prefix_record` of every line of ``src`` into ``dst`` (atomically); returns how many."""
-    lines = [json.dumps(prefix_record(json.loads(line), calls), ensure_ascii=False)
+def map_records(src: Path, dst: Path, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """Every line of a chat-format data set through ``fn`` into ``dst``, atomically (``dst`` may be
+    ``src``); returns how many lines."""
+    lines = [json.dumps(fn(json.loads(line)), ensure_ascii=False)
              for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     tmp.replace(dst)
     return len(lines)
+
+
+def write_prefixes(src: Path, dst: Path, calls: int) -> int:
+    """:func:`prefix_record` of every line of ``src`` into ``dst`` (atomically); returns how many."""
+    return map_records(src, dst, lambda record: prefix_record(record, calls))
 
 
 def synthesize(

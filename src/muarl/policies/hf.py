@@ -438,6 +438,8 @@ class BatchedGenerator:
         live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
         if not live:
             return
+        self._compact()
+        live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
         assert self.batch is not None and self.mask is not None
         rows = [r for r in self.rows if r is not None]
         # a free slot decodes a pad token over its stale columns (its own new column keeps the softmax
@@ -498,9 +500,8 @@ class BatchedGenerator:
     def _release_finished(self) -> None:
         """Hand finished rows their results and (hole-free) cache, and free their slots in the batch.
 
-        A freed slot stays in the buffer for the next row to join; the batch is only rebuilt (live rows
-        copied into a new buffer, leading columns no live row uses trimmed) once free slots outnumber
-        live rows, so that dead rows never cost more decode work than live ones.
+        A freed slot stays in the buffer for the next row to join (their episodes usually come back for
+        their next turn before the next decode step); :meth:`_compact` drops the slots nobody took.
         """
         done = [i for i, r in enumerate(self.rows) if r is not None and r.finish is not None]
         if not done:
@@ -514,16 +515,21 @@ class BatchedGenerator:
             if not row.future.done():
                 row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
             self.rows[i] = None
-        live = [i for i, r in enumerate(self.rows) if r is not None]
-        if not live:
+        if all(r is None for r in self.rows):
             self.batch, self.rows, self.mask, self.cache = None, [], None, None
+
+    def _compact(self, waste: float = 0.25) -> None:
+        """Before a decode step: when more than ``waste`` of the batch's slots are free (their episodes
+        ended, or wait on a slow user or tool), copy the live rows into a new buffer, trimming leading
+        columns no live row uses. A few free slots cost less decode work than copying every row."""
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        if len(self.rows) - len(live) <= waste * len(self.rows):
             return
-        if 2 * len(live) >= len(self.rows):
-            return
+        assert self.cache is not None and self.mask is not None
         self.rebuilds += 1
         index = torch.tensor(live, device=self.device)
         mask = self.mask.index_select(0, index)
-        trim = int(mask.any(dim=0).nonzero()[0])  # leading columns no live row uses
+        trim = int(mask.any(dim=0).nonzero()[0])
         # the live rows of the whole decode buffer, room included: one copy, and decoding goes on in it
         length = self.cache.layers[0].length - trim
         buffers = [(layer._k.index_select(0, index)[:, :, trim:], layer._v.index_select(0, index)[:, :, trim:])
