@@ -79,3 +79,17 @@ def test_readme_custom_domain_example_runs(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("Error: invalid arguments for borrow: 'book_id'")
     assert lines[-1] == "1.0"
+
+
+def test_grpo_command_line_reaches_the_config():
+    """Flags of `muarl grpo` land in the GRPOConfig the run gets; absent ones keep the preset's values."""
+    from muarl.cli import build_parser
+    from muarl.train.cli import grpo_config
+
+    base = ["grpo", "--model", "tiny", "--domain", "retail-lite", "--out", "runs/x", "--preset", "tiny"]
+    plain = grpo_config(build_parser().parse_args(base))
+    assert plain.penalize_violations is False and plain.kl_beta == 0.001
+    config = grpo_config(build_parser().parse_args(base + ["--penalize-violations", "--kl-beta", "0.01",
+                                                           "--max-turns", "9"]))
+    assert config.penalize_violations is True and config.kl_beta == 0.01 and config.max_turns == 9
+    assert (config.model, config.domain) == ("tiny", "retail-lite")

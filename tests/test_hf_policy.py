@@ -117,34 +117,32 @@ def test_group_members_sample_differently_but_reproducibly():
     assert len({tuple(t.token_ids) for t in a[:4]}) > 1
 
 
+def _batched_and_alone(temperature: float, bias: float, replies: int):
+    """Eight airline tasks x 2 played at concurrency 64 and at 1: (trajectories of each, the batched engine)."""
+    domain = get_domain("airline")
+    outs, engines = [], []
+    for concurrency in (64, 1):
+        policy = HFPolicy("tiny", temperature=temperature, max_new_tokens=24, seed=0)
+        hook = bias_end_of_turn(policy.model, policy.tokenizer, bias)
+        outs.append(_run(policy, domain, domain.tasks("test")[:8], 2, TalkativeUser(replies), concurrency=concurrency))
+        hook.remove()
+        engines.append(policy.engine)
+    return outs[0], outs[1], engines[0]
+
+
 def test_batched_generation_equals_one_at_a_time():
     """Padding and cache merging must not change what is sampled: greedy, batch 64 vs batch 1."""
-    domain = get_domain("airline")
-    tasks = domain.tasks("test")[:8]
-    outs = []
-    for concurrency in (64, 1):
-        policy = HFPolicy("tiny", temperature=0.0, max_new_tokens=24, seed=0)
-        hook = bias_end_of_turn(policy.model, policy.tokenizer, 4.0)
-        outs.append(_run(policy, domain, tasks, 2, TalkativeUser(2), concurrency=concurrency))
-        hook.remove()
-    assert [t.token_ids for t in outs[0]] == [t.token_ids for t in outs[1]]
+    batched, alone, _ = _batched_and_alone(0.0, 4.0, 2)
+    assert [t.token_ids for t in batched] == [t.token_ids for t in alone]
 
 
 def test_rows_joining_free_slots_sample_as_one_at_a_time():
     """Turns that end at different times free slots that later turns join into: what each episode
     samples (from its own generator) is still what it samples alone."""
-    domain = get_domain("airline")
-    tasks = domain.tasks("test")[:8]
-    outs = []
-    for concurrency in (64, 1):
-        policy = HFPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=0)
-        hook = bias_end_of_turn(policy.model, policy.tokenizer, 5.0)
-        outs.append(_run(policy, domain, tasks, 2, TalkativeUser(3), concurrency=concurrency))
-        hook.remove()
-        if concurrency > 1:
-            assert policy.engine.slot_fills > 0
-    assert len({sum(t.loss_mask) for t in outs[0]}) > 3  # turns of many lengths: rows leave at different steps
-    assert [t.token_ids for t in outs[0]] == [t.token_ids for t in outs[1]]
+    batched, alone, engine = _batched_and_alone(1.0, 5.0, 3)
+    assert engine.slot_fills > 0
+    assert len({sum(t.loss_mask) for t in batched}) > 3  # turns of many lengths: rows leave at different steps
+    assert [t.token_ids for t in batched] == [t.token_ids for t in alone]
 
 
 def test_context_and_turn_limits_end_the_episode():

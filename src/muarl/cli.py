@@ -162,30 +162,6 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sft_cmd(args: argparse.Namespace) -> int:
-    from muarl.train.sft import preset, train_sft
-
-    config = preset(args.preset, model=args.model, data=args.data, out=args.out, epochs=args.epochs, lr=args.lr,
-                    batch_size=args.batch_size, max_len=args.max_len, seed=args.seed)
-    result = train_sft(config)
-    Console().print(f"SFT: {result['steps']} steps, loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; "
-                    f"checkpoint {result['checkpoint']} (use it as --policy hf:{result['checkpoint']})")
-    return 0
-
-
-def _grpo_cmd(args: argparse.Namespace) -> int:
-    from muarl.train.grpo import preset, train_grpo
-
-    config = preset(args.preset, model=args.model, domain=args.domain, user=args.user, out=args.out,
-                    steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
-                    algorithm=args.algorithm, dynamic_sampling=args.dynamic_sampling or None, seed=args.seed)
-    result = train_grpo(config)
-    last = result["metrics"][-1] if result["metrics"] else {}
-    Console().print(f"GRPO: {result['steps']} steps, last reward {last.get('reward', 0):.3f}; "
-                    f"checkpoint {result['checkpoint']}")
-    return 0
-
-
 def _init_model_cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -250,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="conversations per optimizer step")
     p.add_argument("--max-len", type=int, help="tokens per packed row")
     p.add_argument("--seed", type=int)
-    p.set_defaults(func=_sft_cmd)
+    # its command and training options: muarl.train.cli
     p = sub.add_parser("grpo", help="GRPO with the simulated user in every rollout")
     p.add_argument("--model", default="tiny", help="the starting checkpoint (normally the SFT output); also the KL reference")
     p.add_argument("--domain", default="retail")
@@ -264,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", choices=["grpo", "dr_grpo"])
     p.add_argument("--dynamic-sampling", action="store_true", help="DAPO: leave all-equal groups out of the update")
     p.add_argument("--seed", type=int)
-    p.set_defaults(func=_grpo_cmd)
+    # its command and training options: muarl.train.cli
     p = sub.add_parser("init-model", help="build the embedded tiny Qwen3 model and its BPE tokenizer")
     p.add_argument("--out", required=True, help="checkpoint directory to create")
     p.add_argument("--hidden-size", type=int, default=64)

@@ -67,17 +67,24 @@ def _sft_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size"]
+GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size",
+              "penalize_violations"]
+
+
+def grpo_config(args: argparse.Namespace) -> Any:
+    """The :class:`muarl.train.grpo.GRPOConfig` a parsed ``muarl grpo`` command line asks for."""
+    from muarl.train.grpo import preset
+
+    return preset(args.preset, model=args.model, domain=args.domain, user=args.user, out=args.out,
+                  steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
+                  algorithm=args.algorithm, dynamic_sampling=args.dynamic_sampling or None, seed=args.seed,
+                  **_options(args, COMMON + GRPO_EXTRA))
 
 
 def _grpo_cmd(args: argparse.Namespace) -> int:
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
 
-    config = preset(args.preset, model=args.model, domain=args.domain, user=args.user, out=args.out,
-                    steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size, lr=args.lr,
-                    algorithm=args.algorithm, dynamic_sampling=args.dynamic_sampling or None, seed=args.seed,
-                    **_options(args, COMMON + GRPO_EXTRA))
-    result = train_grpo(config, progress=not args.no_progress)
+    result = train_grpo(grpo_config(args), progress=not args.no_progress)
     last = result["metrics"][-1] if result["metrics"] else {}
     Console(quiet=not _main_process()).print(f"GRPO: {result['steps']} steps, last reward {last.get('reward', 0):.3f}; "
                     f"checkpoint {result['checkpoint']}")
@@ -99,6 +106,9 @@ def add_commands(sub: Any) -> None:
     _add(grpo, "--max-turns", type=int, help="tool executions + user replies per episode")
     _add(grpo, "--temperature", type=float, help="sampling temperature (also scales the trained log-probs)")
     _add(grpo, "--kl-beta", type=float, help="weight of the k3 KL term against the reference")
+    _add(grpo, "--penalize-violations", dest="penalize_violations", action="store_const", const=True,
+         help="train on reward 0 for an episode that broke a policy rule, even if its database is right "
+              "(the paper's reward is the database alone; the CPU demo penalizes)")
     _add(grpo, "--micro-batch-size", type=int,
          help="sequences per forward/backward in the update (default 8; the gradient is the whole batch's)")
     grpo.set_defaults(func=_grpo_cmd)
