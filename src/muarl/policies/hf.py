@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -232,8 +233,7 @@ class BatchedGenerator:
         #: the decode batch's rows; None is a free slot (a row that finished), which the next row to join
         #: takes over, so that rows leaving and joining copy one row's cache, not the whole batch's
         self.rows: list[_Row | None] = []
-        self.batch: KV | None = None  # per layer (K, V): [rows, heads, length, dim], left-padded
-        self.cache: Any = None  # the batch's live cache (buffered layers; ``batch`` holds views of it)
+        self.cache: Any = None  # the decode batch's cache: buffered layers, rows left-padded (see ``batch``)
         self.mask: torch.Tensor | None = None  # [rows, length] bool: which cache columns hold a real token
         self.wakeup: asyncio.Event | None = None
         self.runner: asyncio.Task | None = None
@@ -251,6 +251,11 @@ class BatchedGenerator:
         #: computed once and attended to by all rows at once; the first opening request sets it
         self.prefix: SharedPrefix | None = None
         _enable_shared_prefix(model)
+
+    @property
+    def batch(self) -> KV | None:
+        """Per layer (K, V) of the decode batch, [rows, heads, length, dim]: views of ``cache``'s buffers."""
+        return None if self.cache is None else [(layer.keys, layer.values) for layer in self.cache.layers]
 
     async def generate(self, seq: _Sequence, new_ids: list[int], max_new: int,
                        prefix_len: int = 0) -> tuple[list[int], list[float], str]:
@@ -291,7 +296,7 @@ class BatchedGenerator:
             for item in [r for r in self.rows if r is not None] + self.queue:
                 if not item.future.done():
                     item.future.set_exception(err)
-            self.rows, self.queue, self.batch, self.mask, self.cache = [], [], None, None, None
+            self.rows, self.queue, self.mask, self.cache = [], [], None, None
             raise
 
     # -- model work (worker thread) -----------------------------------------------------------------
@@ -390,33 +395,38 @@ class BatchedGenerator:
         """Add rows (their cache and column mask) to the batch.
 
         When the batch has enough free slots and the new rows are no wider than it, each new row's cache
-        is written into a free slot, right-aligned (one row's copy). Otherwise the live rows and the new
-        ones are copied once, left-aligned into a new decode buffer with room to grow, which also drops
-        the free slots (not concatenated, then copied again: with wide KV caches these copies are most of
-        a rollout's time).
+        is written into a free slot, right-aligned (one row's copy). Otherwise the batch is rebuilt with
+        them (:meth:`_rebuild`).
         """
         free = [i for i, r in enumerate(self.rows) if r is None]
-        if self.batch is not None and self.mask is not None and len(free) >= len(rows) and mask.shape[1] <= self.mask.shape[1]:
+        if self.mask is not None and len(free) >= len(rows) and mask.shape[1] <= self.mask.shape[1]:
             self._fill(free[: len(rows)], rows, kv, mask)
             self.slot_fills += len(rows)
             return
+        self._rebuild(rows, kv, mask)
+
+    def _rebuild(self, rows: Sequence[_Row] = (), kv: KV | None = None, mask: torch.Tensor | None = None) -> None:
+        """A new decode buffer holding the live rows and then ``rows`` (whose cache is ``kv``, columns
+        ``mask``), each copied once, right-aligned, with room to grow: free slots are dropped, and so are
+        leading columns no live row uses. (Not concatenated, then copied again into a buffer: with wide
+        KV caches these copies are most of a rollout's time.)"""
         self.rebuilds += 1
         live = [i for i, r in enumerate(self.rows) if r is not None]
-        old: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []  # per layer: the live rows' K and V views
-        masks = [mask]
-        width = mask.shape[1]
+        parts: list[list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = []  # per source, per layer: K and V
+        masks: list[torch.Tensor] = []
         if live:
             assert self.batch is not None and self.mask is not None
-            trim = int(self.mask[live].any(dim=0).nonzero()[0])  # leading columns no live row uses
-            width = max(self.mask.shape[1] - trim, width)
-            old = [(_row_runs(k[:, :, trim:], live), _row_runs(v[:, :, trim:], live)) for k, v in self.batch]
-            masks = [self.mask[live, trim:], mask]
-        buffers = []
-        for layer, (k, v) in enumerate(kv):
-            keys, values = (old[layer][0] + [k], old[layer][1] + [v]) if old else ([k], [v])
-            buffers.append((_stack_left_padded(keys, width, DECODE_ROOM), _stack_left_padded(values, width, DECODE_ROOM)))
+            trim = int(self.mask[live].any(dim=0).nonzero()[0])
+            parts.append([(_row_runs(k[:, :, trim:], live), _row_runs(v[:, :, trim:], live)) for k, v in self.batch])
+            masks.append(self.mask[live, trim:])
+        if kv is not None and mask is not None:
+            parts.append([([k], [v]) for k, v in kv])
+            masks.append(mask)
+        width = max(m.shape[1] for m in masks)
+        buffers = [(_stack_left_padded([t for source in parts for t in source[layer][0]], width, DECODE_ROOM),
+                    _stack_left_padded([t for source in parts for t in source[layer][1]], width, DECODE_ROOM))
+                   for layer in range(len(parts[0]))]
         self.cache = _buffered_cache(self.model, buffers, room=0, length=width)
-        self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
         self.mask = torch.cat([_pad_mask(m, width) for m in masks])
         self.rows = [self.rows[i] for i in live] + list(rows)
 
@@ -435,12 +445,11 @@ class BatchedGenerator:
 
     @torch.no_grad()
     def _decode_step(self) -> None:
+        self._compact()
         live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
         if not live:
             return
-        self._compact()
-        live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
-        assert self.batch is not None and self.mask is not None
+        assert self.cache is not None and self.mask is not None
         rows = [r for r in self.rows if r is not None]
         # a free slot decodes a pad token over its stale columns (its own new column keeps the softmax
         # finite); nothing of it is sampled or kept
@@ -448,11 +457,10 @@ class BatchedGenerator:
         inputs = torch.tensor([[max(r.pending, 0) if r else 0] for r in self.rows], device=self.device)
         offsets = torch.tensor([r.seq.offset if r else 0 for r in self.rows], device=self.device)
         positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
-        assert self.cache is not None  # built when rows join or leave, then appended to in place
+        # the cache is built when rows join or leave, then appended to in place
         out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
                          position_ids=positions, use_cache=True,
                          shared_prefix=self._prefix_for([r.seq if r else None for r in self.rows]))
-        self.batch = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         self.mask = mask
         self.tokens_computed += len(live)
         self.decode_steps += 1
@@ -506,38 +514,26 @@ class BatchedGenerator:
         done = [i for i, r in enumerate(self.rows) if r is not None and r.finish is not None]
         if not done:
             return
-        assert self.batch is not None and self.mask is not None
+        batch = self.batch
+        assert batch is not None and self.mask is not None
         for i in done:
             row, cols = self.rows[i], self.mask[i].nonzero().squeeze(1)
             assert row is not None
-            row.seq.cache = [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in self.batch]  # gathers copy
+            row.seq.cache = [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in batch]  # gathers copy
             row.seq.ids.append(row.pending)  # the stop token: in the ids, not yet in the cache
             if not row.future.done():
                 row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
             self.rows[i] = None
         if all(r is None for r in self.rows):
-            self.batch, self.rows, self.mask, self.cache = None, [], None, None
+            self.rows, self.mask, self.cache = [], None, None
 
     def _compact(self, waste: float = 0.25) -> None:
         """Before a decode step: when more than ``waste`` of the batch's slots are free (their episodes
-        ended, or wait on a slow user or tool), copy the live rows into a new buffer, trimming leading
-        columns no live row uses. A few free slots cost less decode work than copying every row."""
-        live = [i for i, r in enumerate(self.rows) if r is not None]
-        if len(self.rows) - len(live) <= waste * len(self.rows):
-            return
-        assert self.cache is not None and self.mask is not None
-        self.rebuilds += 1
-        index = torch.tensor(live, device=self.device)
-        mask = self.mask.index_select(0, index)
-        trim = int(mask.any(dim=0).nonzero()[0])
-        # the live rows of the whole decode buffer, room included: one copy, and decoding goes on in it
-        length = self.cache.layers[0].length - trim
-        buffers = [(layer._k.index_select(0, index)[:, :, trim:], layer._v.index_select(0, index)[:, :, trim:])
-                   for layer in self.cache.layers]
-        self.cache = _buffered_cache(self.model, buffers, room=0, length=length)
-        self.batch = [(layer.keys, layer.values) for layer in self.cache.layers]
-        self.mask = mask[:, trim:]
-        self.rows = [self.rows[i] for i in live]
+        ended, or wait on a slow user or tool), rebuild the batch from its live rows. A few free slots
+        cost less decode work than copying every row."""
+        free = sum(r is None for r in self.rows)
+        if free > waste * len(self.rows):
+            self._rebuild()
 
 
 def _template(seqs: list[_Sequence]) -> KV:
