@@ -119,6 +119,7 @@ def test_evaluate_expert_noconfirm_writes_consistent_results(tmp_path):
                       progress=False)
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["config"]["k"] == 3 and data["config"]["domain"] == "airline" and data["config"]["split"] == "test"
+    assert data["config"]["policy"] == "expert-noconfirm"  # not labelled as the safe expert
     assert data["metrics"] == result.metrics and data["tasks"] == result.tasks
     assert [r["task_id"] for r in data["tasks"]] == [t.id for t in tasks]
     found = load_trajectories(tmp_path / "trajectories.jsonl")

@@ -61,6 +61,8 @@ class ExpertPolicy(Policy):
 
     def __init__(self, skip_confirmation: bool = False):
         self.skip_confirmation = skip_confirmation
+        # the name results and comparisons are labelled with: the unsafe variant must not pass for the expert
+        self.name = "expert-noconfirm" if skip_confirmation else "expert"
 
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> ExpertSession:
         return ExpertSession(domain, task, self.skip_confirmation)
