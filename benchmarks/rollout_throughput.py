@@ -1,6 +1,7 @@
 """Rollout throughput of the episode engine against a naive loop, measured in the same run.
 
     python benchmarks/rollout_throughput.py [--episodes 64] [--baseline-episodes 16] [--latency-ms 200]
+    python benchmarks/rollout_throughput.py --head-dim 64 --kv-heads 4   # a wide-cache model, built here
 
 Engine: HFPolicy (dynamic batching across episodes, per-episode KV cache kept between turns) running
 ``--episodes`` episodes concurrently on one event loop. Baseline: the loop most stacks start from: one
@@ -9,6 +10,11 @@ episode at a time, and every agent turn re-renders and re-prefills the whole con
 settings, an end-of-turn bias so an untrained model ends turns after a few dozen tokens, and a user that
 answers every message and stops after ``--user-turns`` replies. The third run adds ``--latency-ms`` of
 user latency to every user reply (what an LLM user over HTTP costs) to show it overlaps with decoding.
+A fourth run switches the engine's slot reuse off (``BatchedGenerator.reuse_slots``): every row that
+joins or leaves the decode batch then copies the whole batch's KV cache, as in engines without free-slot
+reuse. It reports CPU seconds as well as wall time, since wall time on a shared machine moves more than
+the difference; ``--head-dim`` / ``--kv-heads`` build a random-init model with wider caches, where the
+copies weigh most.
 
 Targets (issue 3): engine >= 8x the baseline in episodes/s; tokens computed / tokens in trajectories
 <= 1.1; with 200 ms user latency, wall time <= 1.3x the run without it.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
 from typing import Any
 
@@ -92,12 +99,26 @@ class _NaiveSession(PolicySession):
 
 
 def run(policy: Policy, domain: Domain, tasks: list[Task], group: int, user: UserSimulator,
-        concurrency: int) -> tuple[float, list]:
+        concurrency: int) -> tuple[float, float, list]:
+    """(wall seconds, CPU seconds of this process, trajectories) of one batch of episodes."""
     engine = RolloutEngine(domain, policy, user, EpisodeConfig(), group_size=group, concurrency=concurrency,
                            progress=False)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     groups = asyncio.run(engine.run(tasks))
-    return time.perf_counter() - start, [t for g in groups for t in g]
+    return time.perf_counter() - start, time.process_time() - cpu, [t for g in groups for t in g]
+
+
+def shaped_policy(head_dim: int, kv_heads: int, max_new_tokens: int) -> HFPolicy:
+    """The embedded model's shape with other attention widths, random init, same tokenizer."""
+    from transformers import AutoTokenizer
+
+    from muarl.models import tiny_path
+    from muarl.tiny_model import TinyConfig, build
+
+    with tempfile.TemporaryDirectory(prefix="muarl-bench-model-") as folder:
+        build(folder, TinyConfig.shaped(head_dim=head_dim, kv_heads=kv_heads),
+              tokenizer=AutoTokenizer.from_pretrained(tiny_path()))
+        return HFPolicy(folder, temperature=1.0, max_new_tokens=max_new_tokens, seed=0)
 
 
 def main() -> None:
@@ -111,34 +132,48 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--stop-bias", type=float, default=5.0)
     parser.add_argument("--latency-ms", type=float, default=200.0)
+    parser.add_argument("--head-dim", type=int, default=0, help="build a model with this head width (0: --model)")
+    parser.add_argument("--kv-heads", type=int, default=0, help="with --head-dim: KV heads (0: heads / 2)")
     args = parser.parse_args()
     domain = get_domain(args.domain)
     tasks = domain.tasks("test")[: args.episodes // args.group]
     base_tasks = domain.tasks("test")[: max(1, args.baseline_episodes // args.group)]
 
-    policy = HFPolicy(args.model, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+    if args.head_dim:
+        policy = shaped_policy(args.head_dim, args.kv_heads, args.max_new_tokens)
+        args.model = f"random-init head_dim {args.head_dim}, {policy.model.config.num_key_value_heads} KV heads,"
+    else:
+        policy = HFPolicy(args.model, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
     bias_end_of_turn(policy.model, policy.tokenizer, args.stop_bias)
     run(policy, domain, tasks[:1], args.group, PlainUser(1), args.episodes)  # warm-up, not measured
     rows = []
-    for label, latency in (("engine", 0.0), (f"engine + {args.latency_ms:.0f} ms user latency", args.latency_ms / 1e3)):
-        before = policy.engine.tokens_computed
-        wall, trajs = run(policy, domain, tasks, args.group, PlainUser(args.user_turns, latency), args.episodes)
-        rows.append((label, wall, trajs, policy.engine.tokens_computed - before))
+    engine = policy.engine
+    for label, latency, reuse in (("engine", 0.0, True),
+                                  (f"engine + {args.latency_ms:.0f} ms user latency", args.latency_ms / 1e3, True),
+                                  ("engine, no slot reuse (copies the batch)", 0.0, False)):
+        engine.reuse_slots = reuse
+        before, rebuilds = engine.tokens_computed, engine.rebuilds
+        wall, cpu, trajs = run(policy, domain, tasks, args.group, PlainUser(args.user_turns, latency), args.episodes)
+        rows.append((label, wall, cpu, trajs, engine.tokens_computed - before, engine.rebuilds - rebuilds))
+    engine.reuse_slots = True
     naive = NaivePolicy(policy.model, policy.tokenizer, 1.0, args.max_new_tokens)
-    wall, trajs = run(naive, domain, base_tasks, args.group, PlainUser(args.user_turns), 1)
-    rows.append(("naive baseline (1 at a time, re-prefill)", wall, trajs, naive.tokens_computed))
+    wall, cpu, trajs = run(naive, domain, base_tasks, args.group, PlainUser(args.user_turns), 1)
+    rows.append(("naive baseline (1 at a time, re-prefill)", wall, cpu, trajs, naive.tokens_computed, 0))
 
     print(f"{args.model} model on {args.domain}, {torch.get_num_threads()} torch threads")
-    print(f"{'run':44} {'episodes':>8} {'wall s':>8} {'ep/s':>7} {'agent tok/s':>11} {'computed/in traj':>16}")
-    for label, wall, trajs, computed in rows:
+    print(f"{'run':44} {'episodes':>8} {'wall s':>8} {'CPU s':>8} {'ep/s':>7} {'agent tok/s':>11} "
+          f"{'computed/in traj':>16} {'rebuilds':>8}")
+    for label, wall, cpu, trajs, computed, rebuilt in rows:
         sampled = sum(sum(t.loss_mask) for t in trajs)
         in_traj = sum(len(t.token_ids) for t in trajs)
-        print(f"{label:44} {len(trajs):8d} {wall:8.2f} {len(trajs) / wall:7.2f} {sampled / wall:11.1f} "
-              f"{computed / in_traj:16.3f}")
-    engine_rate = len(rows[0][2]) / rows[0][1]
-    naive_rate = len(rows[2][2]) / rows[2][1]
+        print(f"{label:44} {len(trajs):8d} {wall:8.2f} {cpu:8.2f} {len(trajs) / wall:7.2f} {sampled / wall:11.1f} "
+              f"{computed / in_traj:16.3f} {rebuilt:8d}")
+    engine_rate = len(rows[0][3]) / rows[0][1]
+    naive_rate = len(rows[3][3]) / rows[3][1]
     print(f"engine / baseline episodes per second: {engine_rate / naive_rate:.1f}x (target >= 8x)")
     print(f"wall with user latency / without: {rows[1][1] / rows[0][1]:.2f} (target <= 1.3)")
+    print(f"slot reuse: CPU s without / with {rows[2][2] / rows[0][2]:.2f}, wall without / with "
+          f"{rows[2][1] / rows[0][1]:.2f} (same episodes)")
 
 
 if __name__ == "__main__":

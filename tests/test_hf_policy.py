@@ -117,12 +117,13 @@ def test_group_members_sample_differently_but_reproducibly():
     assert len({tuple(t.token_ids) for t in a[:4]}) > 1
 
 
-def _batched_and_alone(temperature: float, bias: float, replies: int):
+def _batched_and_alone(temperature: float, bias: float, replies: int, reuse_slots: bool = True):
     """Eight airline tasks x 2 played at concurrency 64 and at 1: (trajectories of each, the batched engine)."""
     domain = get_domain("airline")
     outs, engines = [], []
     for concurrency in (64, 1):
         policy = HFPolicy("tiny", temperature=temperature, max_new_tokens=24, seed=0)
+        policy.engine.reuse_slots = reuse_slots
         hook = bias_end_of_turn(policy.model, policy.tokenizer, bias)
         outs.append(_run(policy, domain, domain.tasks("test")[:8], 2, TalkativeUser(replies), concurrency=concurrency))
         hook.remove()
@@ -142,6 +143,14 @@ def test_rows_joining_free_slots_sample_as_one_at_a_time():
     batched, alone, engine = _batched_and_alone(1.0, 5.0, 3)
     assert engine.slot_fills > 0
     assert len({sum(t.loss_mask) for t in batched}) > 3  # turns of many lengths: rows leave at different steps
+    assert [t.token_ids for t in batched] == [t.token_ids for t in alone]
+
+
+def test_without_slot_reuse_every_join_and_finish_rebuilds_the_batch():
+    """The benchmark's baseline (engines that copy the whole batch whenever a row joins or leaves)
+    samples the same tokens, and really takes that path."""
+    batched, alone, engine = _batched_and_alone(1.0, 5.0, 3, reuse_slots=False)
+    assert engine.slot_fills == 0 and engine.rebuilds > 15  # 21 here; 10 with slot reuse
     assert [t.token_ids for t in batched] == [t.token_ids for t in alone]
 
 

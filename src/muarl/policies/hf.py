@@ -244,6 +244,9 @@ class BatchedGenerator:
         self.prefill_passes = 0
         self.slot_fills = 0  # rows that joined into a free slot (one row's copy)
         self.rebuilds = 0  # times the whole decode buffer was rebuilt (every live row's copy)
+        #: False: every join and every finished row rebuilds the batch (copies every row's cache), as
+        #: engines without slot reuse do; kept so the rollout benchmark can measure what reuse saves
+        self.reuse_slots = True
         #: event-loop rounds to wait before admitting, so the episodes released by the last step (tool
         #: calls, user replies, rendering: a few awaits each) join in one batched prefill, not one by one
         self.settle = 8
@@ -399,7 +402,8 @@ class BatchedGenerator:
         them (:meth:`_rebuild`).
         """
         free = [i for i, r in enumerate(self.rows) if r is None]
-        if self.mask is not None and len(free) >= len(rows) and mask.shape[1] <= self.mask.shape[1]:
+        if (self.reuse_slots and self.mask is not None and len(free) >= len(rows)
+                and mask.shape[1] <= self.mask.shape[1]):
             self._fill(free[: len(rows)], rows, kv, mask)
             self.slot_fills += len(rows)
             return
@@ -445,7 +449,7 @@ class BatchedGenerator:
 
     @torch.no_grad()
     def _decode_step(self) -> None:
-        self._compact()
+        self._compact(0.25 if self.reuse_slots else 0.0)
         live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
         if not live:
             return
