@@ -146,3 +146,67 @@ def test_penalize_violations_zeroes_the_reward_of_a_rule_breaking_win() -> None:
     assert careless.reward.reward == 1.0 and careless.reward.violations
     assert train_reward(careless) == 1.0 and train_reward(careless, penalize_violations=True) == 0.0
     assert train_reward(careful, penalize_violations=True) == 1.0
+
+
+def _scored(task_id: str, reward: float, violation: bool = False):
+    from muarl.types import Reward, Trajectory, Violation
+
+    violations = [Violation(kind="unconfirmed_write", call_id="c0", tool="w", detail="")] if violation else []
+    return Trajectory(task_id=task_id, domain="retail", stop_reason="user_stop", turns=2,
+                      reward=Reward(reward=reward, db_match=reward == 1.0, outputs_ok=True, outputs_required=False,
+                                    tcr=reward, violations=violations))
+
+
+def test_dynamic_sampling_plays_more_tasks_until_the_update_is_full():
+    """DAPO refill: all-equal groups are dropped and the next tasks played, until tasks_per_step groups
+    carry a learning signal or max_rollout_batches are spent; the cursor (data position) moves with it."""
+    from muarl.domain import get_domain
+    from muarl.train.grpo import GRPOConfig, collect_groups
+
+    order = get_domain("retail").tasks("train")[:10]
+    mixed = {order[i].id for i in (3, 5, 6, 7, 9)}  # tasks whose group has one success in four
+    played: list[tuple[list[str], int]] = []
+
+    def play(chosen, batch_no):
+        played.append(([t.id for t in chosen], batch_no))
+        return [[_scored(t.id, 1.0 if t.id in mixed and m == 0 else 0.0) for m in range(4)] for t in chosen]
+
+    config = GRPOConfig(tasks_per_step=3, group_size=4, dynamic_sampling=True, max_rollout_batches=4)
+    groups, rewards, keep, cursor = collect_groups(play, order, 0, config)
+    # batch 0 (tasks 0-2): nothing informative; batch 1 (3-5): two; batch 2 (6-8): two more -> full, stop
+    assert [b for _, b in played] == [0, 1, 2] and cursor == 9 and len(groups) == 9
+    assert played[2][0] == [t.id for t in order[6:9]]
+    assert keep.tolist() == [False, False, False, True, False, True, True, False, False]  # the first three only
+    assert rewards.shape == (9, 4)
+
+    # the budget ends the search: two batches, whatever they found; the next step starts at the cursor
+    played.clear()
+    groups, _, keep, cursor = collect_groups(play, order, 8, GRPOConfig(tasks_per_step=3, group_size=4,
+                                                                        dynamic_sampling=True, max_rollout_batches=2))
+    assert played == [([order[8].id, order[9].id, order[0].id], 0), ([t.id for t in order[1:4]], 1)]
+    assert cursor == 14 and keep.tolist() == [False, True, False, False, False, True]
+
+    # penalized violations count as failures: a group whose one success broke a rule is all-wrong
+    played.clear()
+    violating = GRPOConfig(tasks_per_step=1, group_size=4, dynamic_sampling=True, penalize_violations=True,
+                           max_rollout_batches=1)
+    _, rewards, keep, _ = collect_groups(
+        lambda chosen, b: [[_scored(t.id, 1.0 if m == 0 else 0.0, violation=True) for m in range(4)] for t in chosen],
+        order, 0, violating)
+    assert rewards.sum() == 0 and not keep.any()
+
+    # without dynamic sampling: one batch, every group kept
+    played.clear()
+    groups, _, keep, cursor = collect_groups(play, order, 0, GRPOConfig(tasks_per_step=3, group_size=4))
+    assert len(played) == 1 and cursor == 3 and keep.all()
+
+
+def test_grpo_configs_that_cannot_run_fail_with_the_option_name():
+    from muarl.train.grpo import GRPOConfig
+
+    for bad, word in (({"tasks_per_step": 0}, "tasks_per_step"), ({"max_rollout_batches": 0}, "max_rollout_batches"),
+                      ({"group_size": -1}, "group_size"), ({"temperature": 0.0}, "temperature")):
+        with pytest.raises(ValueError, match=word):
+            GRPOConfig(**bad)
+    with pytest.raises(ValueError, match="tasks_per_step"):
+        preset("tiny", tasks_per_step=0)

@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--algorithm", choices=["grpo", "dr_grpo"])
-    p.add_argument("--dynamic-sampling", action="store_true", help="DAPO: leave all-equal groups out of the update")
+    p.add_argument("--dynamic-sampling", action="store_true", help="DAPO: leave all-equal groups out of the update and play more tasks instead (see --max-rollout-batches)")
     p.add_argument("--seed", type=int)
     # its command and training options: muarl.train.cli
     p = sub.add_parser("init-model", help="build the embedded tiny Qwen3 model and its BPE tokenizer")

@@ -67,7 +67,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size",
+GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
               "penalize_violations"]
 
 
@@ -111,4 +111,7 @@ def add_commands(sub: Any) -> None:
               "(the paper's reward is the database alone; the CPU demo penalizes)")
     _add(grpo, "--micro-batch-size", type=int,
          help="sequences per forward/backward in the update (default 8; the gradient is the whole batch's)")
+    _add(grpo, "--max-rollout-batches", type=int,
+         help="with --dynamic-sampling: play up to this many batches of --tasks-per-step tasks per step to fill "
+              "the update with groups that have a learning signal (default 4)")
     grpo.set_defaults(func=_grpo_cmd)

@@ -5,6 +5,8 @@ live policy against the simulated user (every member of a group meets the same u
 group's binary rewards into advantages; score the sampled tokens under the current policy and under the
 frozen reference; take one optimizer step on the clipped, token-mean loss with the k3 KL term; log.
 Simulator-fault episodes stay out of the gradient (their mask is zeroed) instead of counting as failures.
+With DAPO dynamic sampling, groups whose members all scored alike are dropped and more tasks are played
+until ``tasks_per_step`` groups with a learning signal are found (or ``max_rollout_batches`` are spent).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,7 @@ from muarl.train.weights import (
     trainable_parameters,
     write_weights,
 )
-from muarl.types import Trajectory
+from muarl.types import Task, Trajectory
 
 
 @dataclass
@@ -64,12 +67,23 @@ class GRPOConfig(RunSettings):
     temperature: float = 1.0
     max_new_tokens: int = 1024
     max_turns: int = 30
-    dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update
+    dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update and play more tasks instead
+    max_rollout_batches: int = 4  # with dynamic_sampling: batches of tasks_per_step tasks played per step, at most
     mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
     penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
     gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
     micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
+
+    def __post_init__(self) -> None:
+        """A config that cannot run fails here, with the option's name, not as a tensor error mid-step."""
+        for name in ("steps", "tasks_per_step", "group_size", "max_rollout_batches", "max_new_tokens", "max_turns",
+                     "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GRPO {name} must be at least 1 (got {getattr(self, name)})")
+        if self.temperature <= 0 or self.lr <= 0:
+            raise ValueError(f"GRPO samples and learns: temperature and lr must be above 0 "
+                             f"(got {self.temperature}, {self.lr})")
 
 
 PRESETS: dict[str, GRPOConfig] = {
@@ -244,24 +258,26 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
     try:
+        # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
+        cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
         for step in range(run.start_step, config.steps):
-            chosen = [order[(step * config.tasks_per_step + k) % len(order)] for k in range(config.tasks_per_step)]
             began = time.perf_counter()
             model.eval()
-            # a fresh policy per step: its sampling generators depend on (seed, step, task, episode order)
-            # only, so a resumed run samples what an uninterrupted one would have sampled
-            policy = HFPolicy((causal_lm(model), tokenizer), temperature=config.temperature,
-                              max_new_tokens=config.max_new_tokens, seed=_step_seed(config.seed, step))
-            engine = RolloutEngine(domain, policy, user, episode, group_size=config.group_size,
-                                   common_user_seed=True, seed=config.seed, progress=console is not None)
-            local = dist.share(chosen)
-            mine = asyncio.run(engine.run(local)) if local else []
-            gathered = dist.gather(mine)
-            groups = [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
+
+            def play(chosen: list[Task], batch_no: int, step: int = step) -> list[list[Trajectory]]:
+                # a fresh policy per batch: its sampling generators depend on (seed, step, batch, task,
+                # episode order) only, so a resumed run samples what an uninterrupted one would have sampled
+                policy = HFPolicy((causal_lm(model), tokenizer), temperature=config.temperature,
+                                  max_new_tokens=config.max_new_tokens, seed=_step_seed(config.seed, step, batch_no))
+                engine = RolloutEngine(domain, policy, user, episode, group_size=config.group_size,
+                                       common_user_seed=True, seed=config.seed, progress=console is not None)
+                local = dist.share(chosen)
+                gathered = dist.gather(asyncio.run(engine.run(local)) if local else [])
+                return [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
+
+            groups, rewards, keep, cursor = collect_groups(play, order, cursor, config)
             rollout_s = time.perf_counter() - began
-            rewards = torch.tensor([[train_reward(t, config.penalize_violations) for t in g] for g in groups])
             advantages = algorithm.advantages(rewards)
-            keep = informative_groups(rewards) if config.dynamic_sampling else torch.ones(len(groups), dtype=torch.bool)
             masked = [[config.mask_sim_faults and (t.sim_fault or t.tool_fault) for t in group] for group in groups]
             trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not masked[g][m] for m, t in enumerate(group)]
                        for g, group in enumerate(groups)]
@@ -277,6 +293,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 _write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
             record = {"step": step + 1, **rollout_metrics(groups), **stats, "trained_sequences": len(batch),
+                      "tasks_played": len(groups), "trained_groups": int(keep.sum()),
                       "rollout_s": rollout_s, "reference_s": ref_s, "update_s": update_s,
                       "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9)}
             history.append(record)
@@ -303,9 +320,33 @@ def train_reward(traj: Trajectory, penalize_violations: bool = False) -> float:
     return 0.0 if penalize_violations and traj.reward.violations else traj.reward.reward
 
 
-def _step_seed(seed: int, step: int) -> int:
-    """The policy's sampling seed for one step."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:step:{step}".encode()).digest()[:8], "big") >> 1
+def collect_groups(play: Callable[[list[Task], int], list[list[Trajectory]]], order: list[Task], cursor: int,
+                   config: GRPOConfig) -> tuple[list[list[Trajectory]], torch.Tensor, torch.Tensor, int]:
+    """One step's groups: ``play`` the ``tasks_per_step`` tasks of ``order`` from ``cursor`` on (wrapping).
+
+    With dynamic sampling (DAPO), groups whose members all scored alike carry no advantage, so further
+    batches are played until ``tasks_per_step`` groups are informative or ``max_rollout_batches`` were
+    played, and the update keeps the first ``tasks_per_step`` informative ones. Returns (groups, their
+    training rewards, which groups the update keeps, the new cursor).
+    """
+    groups: list[list[Trajectory]] = []
+    for batch_no in range(config.max_rollout_batches if config.dynamic_sampling else 1):
+        chosen = [order[(cursor + k) % len(order)] for k in range(config.tasks_per_step)]
+        cursor += len(chosen)
+        groups += play(chosen, batch_no)
+        rewards = torch.tensor([[train_reward(t, config.penalize_violations) for t in g] for g in groups])
+        if int(informative_groups(rewards).sum()) >= config.tasks_per_step:
+            break
+    if not config.dynamic_sampling:
+        return groups, rewards, torch.ones(len(groups), dtype=torch.bool), cursor
+    informative = informative_groups(rewards)
+    return groups, rewards, informative & (informative.cumsum(0) <= config.tasks_per_step), cursor
+
+
+def _step_seed(seed: int, step: int, batch: int = 0) -> int:
+    """The policy's sampling seed for one batch of tasks of one step (batches after the first: refills)."""
+    key = f"{seed}:step:{step}" + (f":batch:{batch}" if batch else "")
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 1
 
 
 def _write_rollouts(out: Path, step: int, groups: list[list[Trajectory]], advantages: torch.Tensor,
