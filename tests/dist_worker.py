@@ -15,8 +15,9 @@ from muarl.train.sft import train_sft
 
 
 def sft_config(out: Path, data: str):
+    # fresh_ids: each process renames only its own share of the batch, and the target count is summed
     return sft_preset("tiny", data=[data], out=str(out / "sft"), epochs=1, batch_size=6, max_len=8192,
-                      save_every=0, report_to="none")
+                      fresh_ids=True, save_every=0, report_to="none")
 
 
 def grpo_config(out: Path):

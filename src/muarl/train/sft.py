@@ -155,12 +155,13 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
             for step in range(run.start_step, total_steps):
                 epoch, indices = schedule_[step]
                 began = time.perf_counter()
-                batch = step_examples(records, indices, step, config)
-                max_len = max(config.max_len, max(len(e) for e in batch))
-                # longest first, dealt round-robin: every process gets a similar number of tokens
-                local = [batch[i] for i in dist.share(sorted(range(len(batch)), key=lambda i: -len(batch[i])))]
+                # longest first (by the stored tokens), dealt round-robin: every process gets a similar number
+                # of tokens, and tokenizes (renames, with fresh_ids) only its own share
+                local = step_examples(records, dist.share(sorted(indices, key=lambda i: -len(records[i].example))),
+                                      step, config)
+                max_len = max([config.max_len, *(len(e) for e in local)])
                 rows = plan_rows([len(e) for e in local], max_len) if config.packing else [[i] for i in range(len(local))]
-                targets = sum(sum(e.mask[1:]) for e in batch)  # of the whole batch: the gradient is its token-mean
+                targets = int(dist.sum(sum(sum(e.mask[1:]) for e in local)))  # the whole batch's: its token-mean
                 loss_sum, padding = 0.0, 0.0
                 optimizer.zero_grad(set_to_none=True)
                 for row in rows:  # gradient accumulation: one packed row per forward pass
@@ -178,7 +179,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 record = {"step": step + 1, "epoch": epoch, "loss": dist.sum(loss_sum) / targets,
                           "lr": schedule.get_last_lr()[0], "grad_norm": grad_norm, "target_tokens": targets,
                           "rows": int(n_rows), "padding": dist.sum(padding) / max(n_rows, 1),
-                          "tokens_per_s": sum(len(e) for e in batch) / (time.perf_counter() - began)}
+                          "tokens_per_s": dist.sum(sum(len(e) for e in local)) / (time.perf_counter() - began)}
                 history.append(record)
                 trackers.log(record, step + 1)
                 advance(record)
