@@ -42,3 +42,24 @@ def test_tools_are_terse_and_results_cut_to_the_kept_fields() -> None:
 def test_narrow_names_what_does_not_exist() -> None:
     with pytest.raises(ValueError, match="no_such_tool"):
         narrow(get_domain("retail"), "x", "policy", {"no_such_tool": ("d", None)}, ["cancel_order"], {"train": 1})
+
+
+def test_a_domain_of_ones_own_narrows_with_its_family_table() -> None:
+    """A base that is not a built-in (no muarl.domains.<name> module) is narrowed from the families it is
+    given; without them the error says what to pass."""
+    import dataclasses
+
+    from muarl.domains.retail.tasks import FAMILIES
+
+    shop = dataclasses.replace(get_domain("retail"), name="my-shop", tasks_file=None)
+    tools = {"find_user_id_by_email": ("Find a user id by email.", None),
+             "get_order_details": ("Get an order.", None), "cancel_pending_order": ("Cancel an order.", None)}
+    with pytest.raises(ValueError, match="family_table"):
+        narrow(shop, "my-shop-cancel", "policy", tools, ["cancel_order"], {"train": 4})
+    hosts = sorted(shop.database().tables["users"])[::2]  # tasks for every other user only
+    cancel = narrow(shop, "my-shop-cancel", "Cancel orders.", tools, ["cancel_order"], {"train": 6, "test": 3},
+                    family_table={"cancel_order": FAMILIES["cancel_order"]}, hosts=lambda domain: hosts)
+    tasks = cancel.tasks()
+    assert len(tasks) == 9 and {t.family for t in tasks} == {"cancel_order"}
+    assert all(gold_score(cancel, t).reward.reward == 1.0 for t in tasks)
+    assert {t.user_id for t in tasks} <= set(hosts)

@@ -4,7 +4,7 @@ Same database, task families and simulated users as ``retail``, but only what ca
 and returning delivered items need: five tools with one-line descriptions, a one-paragraph policy, and
 tool results cut to the fields those jobs use. A conversation is about 1,400 tokens with the embedded
 tokenizer instead of about 5,000 in ``retail``, which is what lets a model trained from random weights
-on two CPU cores learn whole conversations in minutes. Narrow another built-in domain with :func:`narrow`.
+on two CPU cores learn whole conversations in minutes. Narrow another domain with :func:`narrow`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from importlib import import_module
 from typing import Any
 
 from muarl.domain import Domain, get_domain, register
-from muarl.taskgen import generate
+from muarl.taskgen import Family, generate
 from muarl.tools import Tool
 from muarl.types import Task
 
@@ -63,21 +63,31 @@ def narrow_tool(tool: Tool, description: str | None = None, fields: Sequence[str
 
 
 def narrow(base: Domain, name: str, policy: str, tools: Mapping[str, tuple[str, Sequence[str] | None]],
-           families: list[str], counts: Mapping[str, int], description: str = "") -> Domain:
+           families: list[str], counts: Mapping[str, int], description: str = "",
+           family_table: Mapping[str, tuple[float, Family]] | None = None,
+           hosts: Callable[[Domain], Sequence[str]] | None = None) -> Domain:
     """A view of ``base``: fewer, terser tools, its own policy, and tasks from some of its families only.
 
     The database, the task families' generators and the grader are the base domain's, so gold actions,
-    rewards and violations mean exactly what they mean there. ``base`` must be a built-in domain: its
-    families are read from ``muarl.domains.<base>.tasks.FAMILIES`` and task hosts from its ``users`` table.
+    rewards and violations mean exactly what they mean there. ``family_table`` holds the base's families
+    as :func:`muarl.taskgen.generate` takes them (name -> (weight, generator)); a built-in base's is
+    found on its own (``muarl.domains.<base>.tasks.FAMILIES``). ``hosts`` gives the ids tasks are drawn
+    for, from the database; by default the keys of its ``users`` table.
     """
-    family_table = import_module(f"muarl.domains.{base.name}.tasks").FAMILIES
+    if family_table is None:
+        module = f"muarl.domains.{(base.base or base.name).replace('-', '_')}.tasks"
+        try:
+            family_table = import_module(module).FAMILIES
+        except ModuleNotFoundError:
+            raise ValueError(f"{base.name} is not a built-in domain: pass its task families as family_table= "
+                             "(name -> (weight, generator), as muarl.taskgen.generate takes them)") from None
     unknown = sorted(set(families) - set(family_table)) + sorted(set(tools) - set(base.agent_tools))
     if unknown:
         raise ValueError(f"{base.name} has no family or tool named {', '.join(unknown)}")
     chosen = {k: family_table[k] for k in families}
 
     def build_tasks(domain: Domain, seed: int, split_counts: Mapping[str, int]) -> list[Task]:
-        users = list(domain.database().tables["users"])
+        users = list(hosts(domain) if hosts else domain.database().tables["users"])
         return generate(domain, seed, split_counts, chosen, users)
 
     return dataclasses.replace(
