@@ -56,6 +56,10 @@ def test_synth_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "muarl", "synth", "--domain", "airline", "--families", "nope",
                           "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no task left" in bad.stderr
+    typo = subprocess.run([sys.executable, "-m", "muarl", "synth", "--domain", "airline", "--exclude-behaviours",
+                           "changes-mind", "--out", str(tmp_path / "y")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert typo.returncode == 2 and "unknown user behaviour changes-mind" in typo.stderr
 
 
 def test_init_model_cli(tmp_path):
@@ -116,3 +120,46 @@ def test_prefixes_are_exact_openings_of_the_whole_conversations(tmp_path):
     assert prefix_record(short, 9) == short
     with pytest.raises(ValueError, match="at least one tool call"):
         prefix_record(whole[0], 0)
+
+
+def test_user_behaviours_are_read_from_the_scenario():
+    from muarl.synth import user_behaviours
+
+    retail, telecom = get_domain("retail").tasks("train"), get_domain("telecom").tasks("train")
+    by_family = {}
+    for task in retail + telecom:
+        by_family.setdefault(task.family, []).append(user_behaviours(task))
+    assert all("changes_mind" in b for b in by_family["change_of_mind"])
+    assert all("withholds_info" in b for b in by_family["withheld_info"])
+    assert all("out_of_policy" in b for b in by_family["out_of_policy"])
+    assert all("acts_on_device" in b for b in by_family["airplane_mode"])
+    assert not any("changes_mind" in b for b in by_family["cancel_order"])
+    # retail users without an email in what they know must be found by name and zip
+    for task in retail:
+        assert ("no_email" in user_behaviours(task)) == ("email" not in task.scenario.known)
+    assert all(f"trait:{t}" in user_behaviours(task) for task in telecom for t in task.scenario.traits)
+
+
+def test_synthesis_leaves_out_the_user_behaviours_asked(tmp_path):
+    import pytest
+
+    from muarl.synth import user_behaviours
+
+    domain = get_domain("retail")
+    tasks = {t.id: t for t in domain.tasks("train")}
+    report = synthesize([domain], ExpertPolicy(), ScriptedUser(), tmp_path, families=["cancel_order", "change_of_mind",
+                        "withheld_info"], exclude_behaviours=["changes_mind", "no_email"], progress=False)
+    kept = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert kept and not any(user_behaviours(tasks[r["task_id"]]) & {"changes_mind", "no_email"} for r in kept)
+    assert {r["family"] for r in kept} == {"cancel_order", "withheld_info"}  # change_of_mind tasks all left out
+    saved = json.loads((tmp_path / "report.json").read_text())["kept_behaviours"]
+    assert "changes_mind" not in saved and saved["withholds_info"] == sum(r["family"] == "withheld_info" for r in kept)
+    assert report.kept_behaviours == {k: v for k, v in saved.items()}
+    # only users who withhold facts
+    only = synthesize([domain], ExpertPolicy(), ScriptedUser(), tmp_path / "only", behaviours=["withholds_info"],
+                      progress=False)
+    assert set(only.kept) == {"retail/withheld_info"}
+    # a misspelt behaviour is an error, not a filter that silently does nothing
+    with pytest.raises(ValueError, match="unknown user behaviour chnges_mind; choose from"):
+        synthesize([domain], ExpertPolicy(), ScriptedUser(), tmp_path / "bad", exclude_behaviours=["chnges_mind"],
+                   progress=False)

@@ -148,7 +148,8 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     domains = [get_domain(n) for n in names]
     teacher = make_policy(args.teacher, temperature=args.temperature, seed=args.seed)
     report = synthesize(domains, teacher, make_user(args.user), Path(args.out), split=args.split, n=args.n,
-                        families=args.families, exclude=args.exclude_families, seed=args.seed,
+                        families=args.families, exclude=args.exclude_families, behaviours=args.behaviours,
+                        exclude_behaviours=args.exclude_behaviours, seed=args.seed,
                         concurrency=args.concurrency)
     table = Table(title=f"cold-start synthesis: {args.teacher} x {args.user} on {args.split}")
     for col in ("domain/family", "played", "kept"):
@@ -159,6 +160,8 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"kept {sum(report.kept.values())} of {sum(report.played.values())}; rejected: "
                   f"{dict(report.rejected)}; data set: {Path(args.out) / 'sft.jsonl'}")
+    shown = {k: v for k, v in sorted(report.kept_behaviours.items()) if not k.startswith("trait:")}
+    console.print(f"kept episodes per user behaviour: {shown or 'none of them'}")
     return 0
 
 
@@ -211,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=1, help="episodes per task (independent user seeds)")
     p.add_argument("--families", nargs="+", help="only these task families")
     p.add_argument("--exclude-families", nargs="+", help="leave these task families out (for RL to teach)")
+    p.add_argument("--behaviours", nargs="+", help="only tasks whose simulated user shows one of these behaviours "
+                   "(withholds_info, changes_mind, out_of_policy, asks_question, several_requests, acts_on_device, "
+                   "no_email, trait:WORD)")
+    p.add_argument("--exclude-behaviours", nargs="+",
+                   help="leave out tasks whose user shows any of these behaviours (for RL to teach)")
     p.add_argument("--out", required=True, help="writes sft.jsonl, report.json and raw trajectories here")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -4,8 +4,10 @@ The teacher is any policy (the scripted expert by default, or an OpenAI-compatib
 is kept when it scored reward 1, broke no policy rule and had no simulator fault. Kept conversations are
 written as a chat-format JSONL data set (``messages`` + ``tools`` per line, tool-call arguments as JSON
 strings so every line has one schema) that ``datasets.load_dataset("json", data_files=...)`` reads and
-muarl's SFT trains on. Which task families the teacher sees is configurable: the paper's cold-start
-data came from other scenarios than its RL tasks, which leaves RL something to teach.
+muarl's SFT trains on. Which task families and which simulated-user behaviours (:func:`user_behaviours`:
+users who withhold facts, change their mind, ask for what the policy forbids ...) the teacher sees is
+configurable: the paper's cold-start data came from other scenarios than its RL tasks, which leaves RL
+something to teach.
 """
 
 from __future__ import annotations
@@ -27,23 +29,65 @@ from muarl.users.base import UserSimulator
 
 @dataclass
 class SynthReport:
-    """How many episodes were played and kept, per domain and task family."""
+    """How many episodes were played and kept, per domain and task family, and per user behaviour."""
 
     played: Counter = field(default_factory=Counter)
     kept: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)  # by reason: reward, violation, sim_fault
+    kept_behaviours: Counter = field(default_factory=Counter)  # kept episodes whose user shows each behaviour
 
     def as_dict(self) -> dict[str, Any]:
         return {"played": dict(self.played), "kept": dict(self.kept), "rejected": dict(self.rejected),
+                "kept_behaviours": dict(sorted(self.kept_behaviours.items())),
                 "kept_total": sum(self.kept.values()), "played_total": sum(self.played.values())}
 
 
-def select_tasks(tasks: Iterable[Task], families: list[str] | None = None,
-                 exclude: list[str] | None = None) -> list[Task]:
-    """Tasks whose family is in ``families`` (all when None) and not in ``exclude``."""
-    chosen = [t for t in tasks if (families is None or t.family in families) and t.family not in (exclude or [])]
+#: behaviour names :func:`user_behaviours` reads from a scenario (plus ``trait:<word>`` per persona trait)
+BEHAVIOURS = ("withholds_info", "changes_mind", "out_of_policy", "asks_question", "several_requests",
+              "acts_on_device", "no_email")
+
+
+def user_behaviours(task: Task) -> set[str]:
+    """The simulated-user behaviours a task's scenario asks for, by name, read from its structure.
+
+    ``withholds_info`` (some facts only when asked), ``changes_mind`` (asks for one thing, then another),
+    ``out_of_policy`` (insists on what the policy forbids), ``asks_question`` (wants information said),
+    ``several_requests``, ``acts_on_device`` (dual control: the user must run tools), ``no_email`` (has
+    to be found by name and zip: does not remember the email), and ``trait:<word>`` for each persona trait (how an
+    LLM user talks: impatient, terse ...).
+    """
+    scenario = task.scenario
+    intents = scenario.intents
+    present = dict(zip(BEHAVIOURS, (
+        bool(scenario.withheld),
+        any(i.first_args is not None for i in intents),
+        any(i.out_of_policy for i in intents),
+        any(i.question for i in intents),
+        len(intents) > 1,
+        any(i.user_actions for i in intents),
+        "email" not in scenario.known and "zip" in scenario.known,
+    ), strict=True))
+    return {name for name, yes in present.items() if yes} | {f"trait:{t}" for t in scenario.traits}
+
+
+def select_tasks(tasks: Iterable[Task], families: list[str] | None = None, exclude: list[str] | None = None,
+                 behaviours: list[str] | None = None, exclude_behaviours: list[str] | None = None) -> list[Task]:
+    """Tasks whose family is in ``families`` (all when None) and not in ``exclude``, whose user shows at
+    least one of ``behaviours`` (any when None) and none of ``exclude_behaviours``."""
+    tasks = list(tasks)
+    shown = {t.id: user_behaviours(t) for t in tasks}
+    named = set(behaviours or []) | set(exclude_behaviours or [])
+    unknown = sorted(named - set(BEHAVIOURS) - set().union(*shown.values()))
+    if unknown:  # a misspelt name would otherwise select nothing, or exclude nothing, in silence
+        traits = sorted({b for found in shown.values() for b in found if b.startswith("trait:")})
+        raise ValueError(f"unknown user behaviour {', '.join(unknown)}; choose from {', '.join(BEHAVIOURS)}"
+                         + (f" or a trait of these tasks' users: {', '.join(traits)}" if traits else ""))
+    chosen = [t for t in tasks if (families is None or t.family in families) and t.family not in (exclude or [])
+              and (behaviours is None or shown[t.id] & set(behaviours))
+              and not shown[t.id] & set(exclude_behaviours or [])]
     if not chosen:
-        raise ValueError(f"no task left after selecting families {families} and excluding {exclude}")
+        raise ValueError(f"no task left after selecting families {families} and excluding {exclude}"
+                         + (f", behaviours {behaviours} and excluding {exclude_behaviours}" if named else ""))
     return chosen
 
 
@@ -140,6 +184,8 @@ def synthesize(
     n: int = 1,
     families: list[str] | None = None,
     exclude: list[str] | None = None,
+    behaviours: list[str] | None = None,
+    exclude_behaviours: list[str] | None = None,
     seed: int = 0,
     concurrency: int = 64,
     progress: bool = True,
@@ -154,7 +200,7 @@ def synthesize(
     report = SynthReport()
     lines: list[str] = []
     for domain in domains:
-        tasks = select_tasks(domain.tasks(split), families, exclude)
+        tasks = select_tasks(domain.tasks(split), families, exclude, behaviours, exclude_behaviours)
         engine = RolloutEngine(domain, teacher, user, EpisodeConfig(require_outputs=True), group_size=n,
                                concurrency=concurrency, common_user_seed=False, seed=seed,
                                out=out / "trajectories" / f"{domain.name}.jsonl", progress=progress)
@@ -168,6 +214,7 @@ def synthesize(
                     report.rejected[reason] += 1
                     continue
                 report.kept[key] += 1
+                report.kept_behaviours.update(user_behaviours(task))
                 lines.append(json.dumps(to_chat_record(domain, task, traj), ensure_ascii=False))
     (out / "sft.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
     (out / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
