@@ -53,8 +53,8 @@ def user_behaviours(task: Task) -> set[str]:
     ``withholds_info`` (some facts only when asked), ``changes_mind`` (asks for one thing, then another),
     ``out_of_policy`` (insists on what the policy forbids), ``asks_question`` (wants information said),
     ``several_requests``, ``acts_on_device`` (dual control: the user must run tools), ``no_email`` (has
-    to be found by name and zip: does not remember the email), and ``trait:<word>`` for each persona trait (how an
-    LLM user talks: impatient, terse ...).
+    to be found by name and zip: does not remember the email), and ``trait:<word>`` for each persona
+    trait (how an LLM user talks: impatient, terse ...).
     """
     scenario = task.scenario
     intents = scenario.intents
