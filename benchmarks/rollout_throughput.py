@@ -10,7 +10,7 @@ episode at a time, and every agent turn re-renders and re-prefills the whole con
 settings, an end-of-turn bias so an untrained model ends turns after a few dozen tokens, and a user that
 answers every message and stops after ``--user-turns`` replies. The third run adds ``--latency-ms`` of
 user latency to every user reply (what an LLM user over HTTP costs) to show it overlaps with decoding.
-A fourth run switches the engine's slot reuse off (``BatchedGenerator.reuse_slots``): every row that
+Another engine run switches slot reuse off (``BatchedGenerator.reuse_slots``): every row that
 joins or leaves the decode batch then copies the whole batch's KV cache, as in engines without free-slot
 reuse. It reports CPU seconds as well as wall time, since wall time on a shared machine moves more than
 the difference; ``--head-dim`` / ``--kv-heads`` build a random-init model with wider caches, where the
