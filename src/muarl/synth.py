@@ -23,7 +23,7 @@ from typing import Any
 from muarl.domain import Domain
 from muarl.policies.base import Policy
 from muarl.rollout import EpisodeConfig, RolloutEngine
-from muarl.types import Message, Task, Trajectory
+from muarl.types import Message, Scenario, Task, Trajectory
 from muarl.users.base import UserSimulator
 
 
@@ -42,9 +42,18 @@ class SynthReport:
                 "kept_total": sum(self.kept.values()), "played_total": sum(self.played.values())}
 
 
+#: what each named simulated-user behaviour looks like in a task's scenario (see :func:`user_behaviours`)
+_BEHAVIOUR_CHECKS: dict[str, Callable[[Scenario], bool]] = {
+    "withholds_info": lambda s: bool(s.withheld),
+    "changes_mind": lambda s: any(i.first_args is not None for i in s.intents),
+    "out_of_policy": lambda s: any(i.out_of_policy for i in s.intents),
+    "asks_question": lambda s: any(i.question for i in s.intents),
+    "several_requests": lambda s: len(s.intents) > 1,
+    "acts_on_device": lambda s: any(i.user_actions for i in s.intents),
+    "no_email": lambda s: "email" not in s.known and "zip" in s.known,
+}
 #: behaviour names :func:`user_behaviours` reads from a scenario (plus ``trait:<word>`` per persona trait)
-BEHAVIOURS = ("withholds_info", "changes_mind", "out_of_policy", "asks_question", "several_requests",
-              "acts_on_device", "no_email")
+BEHAVIOURS = tuple(_BEHAVIOUR_CHECKS)
 
 
 def user_behaviours(task: Task) -> set[str]:
@@ -57,17 +66,8 @@ def user_behaviours(task: Task) -> set[str]:
     trait (how an LLM user talks: impatient, terse ...).
     """
     scenario = task.scenario
-    intents = scenario.intents
-    present = dict(zip(BEHAVIOURS, (
-        bool(scenario.withheld),
-        any(i.first_args is not None for i in intents),
-        any(i.out_of_policy for i in intents),
-        any(i.question for i in intents),
-        len(intents) > 1,
-        any(i.user_actions for i in intents),
-        "email" not in scenario.known and "zip" in scenario.known,
-    ), strict=True))
-    return {name for name, yes in present.items() if yes} | {f"trait:{t}" for t in scenario.traits}
+    return ({name for name, shows in _BEHAVIOUR_CHECKS.items() if shows(scenario)}
+            | {f"trait:{t}" for t in scenario.traits})
 
 
 def select_tasks(tasks: Iterable[Task], families: list[str] | None = None, exclude: list[str] | None = None,

@@ -449,7 +449,7 @@ class BatchedGenerator:
 
     @torch.no_grad()
     def _decode_step(self) -> None:
-        self._compact(0.25 if self.reuse_slots else 0.0)
+        self._compact()
         live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
         if not live:
             return
@@ -531,12 +531,12 @@ class BatchedGenerator:
         if all(r is None for r in self.rows):
             self.rows, self.mask, self.cache = [], None, None
 
-    def _compact(self, waste: float = 0.25) -> None:
-        """Before a decode step: when more than ``waste`` of the batch's slots are free (their episodes
+    def _compact(self) -> None:
+        """Before a decode step: when more than a quarter of the batch's slots are free (their episodes
         ended, or wait on a slow user or tool), rebuild the batch from its live rows. A few free slots
-        cost less decode work than copying every row."""
+        cost less decode work than copying every row. Without slot reuse, any free slot is dropped."""
         free = sum(r is None for r in self.rows)
-        if free > waste * len(self.rows):
+        if free > (0.25 if self.reuse_slots else 0.0) * len(self.rows):
             self._rebuild()
 
 
