@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from muarl.domain import Domain, get_domain
-from muarl.policies.expert import ExpertPolicy
+from muarl.policies.expert import CONFIRM, ExpertPolicy, ExpertSession
 from muarl.rewards import is_confirmation
 from muarl.rollout import EpisodeConfig, run_episode
 from muarl.types import Task, Trajectory
@@ -66,6 +66,62 @@ def test_skip_confirmation_is_flagged_and_fails_change_of_mind(name: str) -> Non
         assert traj.reward is not None
         assert traj.reward.reward == 0.0, task.id
         assert any(v.kind == "unconfirmed_write" for v in traj.reward.violations), task.id
+
+
+class _GuessesFinalSession(ExpertSession):
+    """The expert, except that it proposes what a mind-changing user will settle on before the user said it."""
+
+    def settle(self, intent: Any, name: str, propose: Any) -> Any:
+        if intent.first_args is None:
+            return (yield from super().settle(intent, name, propose))
+        for args in (intent.args, intent.first_args, intent.args):
+            text = yield from propose(args)
+            if text is None:
+                return False
+            done = yield from self.confirm_write(text, name, args)
+            if done is not None:
+                return done
+        return False
+
+
+class _GuessesFinal(ExpertPolicy):
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> ExpertSession:
+        return _GuessesFinalSession(domain, task)
+
+
+@pytest.mark.parametrize("name", DOMAINS)
+def test_user_corrects_a_guess_at_what_it_will_change_its_mind_to(name: str) -> None:
+    """Before it changes its mind the user wants its first request: a proposal of the final one is corrected
+    (not confirmed, which would reward an agent for swapping in something the user never asked for)."""
+    domain = get_domain(name)
+    tasks = [t for t in domain.tasks("test") if t.scenario.intents and t.scenario.intents[0].first_args is not None]
+    for i, task in enumerate(tasks[:4]):
+        traj = asyncio.run(run_episode(domain, task, _GuessesFinal(), ScriptedUser(), seed=i,
+                                       config=EpisodeConfig(require_outputs=True)))
+        proposals = [j for j, m in enumerate(traj.messages) if m.role == "assistant" and CONFIRM in (m.content or "")]
+        assert proposals, task.id
+        first_reply = traj.messages[proposals[0] + 1]
+        assert first_reply.role == "user" and not is_confirmation(first_reply.content), (task.id, first_reply.content)
+        assert "changed my mind" in traj.messages[proposals[1] + 1].content, task.id  # then the first request
+        assert traj.reward is not None and traj.reward.reward == 1.0, task.id  # and the final one goes through
+        assert not traj.reward.violations, task.id
+
+
+def test_expert_follows_a_user_who_changes_the_cancellation_reason() -> None:
+    """The expert asks for the reason the user gives first (not the one it will settle on), proposes it, and
+    cancels with the new one once the user changes its mind."""
+    domain = get_domain("retail")
+    task = next(t for t in domain.tasks("test") if t.family == "cancel_order")
+    intent = task.scenario.intents[0]
+    first = next(r for r in ("no longer needed", "ordered by mistake") if r != intent.args["reason"])
+    changing = intent.model_copy(update={"first_args": {**intent.args, "reason": first}})
+    known = {**task.scenario.known, "reason": first}
+    task = task.model_copy(update={"scenario": task.scenario.model_copy(update={"intents": [changing], "known": known})})
+    traj = _episode(domain, task, seed=0)
+    assert any("changed my mind" in m.content for m in traj.messages if m.role == "user")
+    assert traj.reward is not None and traj.reward.reward == 1.0 and not traj.reward.violations
+    cancel = next(c for m in traj.messages for c in m.tool_calls if c.name == "cancel_pending_order")
+    assert cancel.arguments["reason"] == intent.args["reason"]
 
 
 def test_scripted_user_is_deterministic_per_seed() -> None:

@@ -265,7 +265,7 @@ class ExpertSession(PolicySession):
         yield from self.refuse(first, f"I understand, but I can't make an exception: {rule}.")
 
     def _retail_cancel(self, intent: Intent, order: Mapping[str, Any]) -> Script:
-        reason = intent.args["reason"]
+        reason = (intent.first_args or intent.args)["reason"]  # what the user asks for first
         ok = yield from self.need([reason], "May I ask the reason for the cancellation?")
         if not ok:
             return "I need a valid reason to cancel the order."

@@ -994,21 +994,18 @@ def check_proposal(goal: Goal, text: str, known: Mapping[str, str]) -> tuple[str
     """("ok" | "first" | "wrong", why): does the proposal in ``text`` match what the user wants?
 
     Identifiers are strict (the wrong order or line is always corrected), wording is lenient. "first" means
-    it matches the request the user made before changing its mind.
+    it matches the request the user made before changing its mind. Until the user has changed its mind, a
+    proposal of what it will settle on later is wrong: the user has not asked for it yet, so an agent that
+    swaps in something else the user did not say (the other cancellation reason, one item of two) is
+    corrected instead of being rewarded for a lucky guess.
     """
     intent = goal.intent
     final = _mismatch(intent.action or "", intent.args, intent, text, known, final=True)
     if intent.first_args is not None:
         first = _mismatch(intent.action or "", intent.first_args, intent, text, known, final=False)
-        if first is None and final is not None:
-            return ("first", "") if not goal.changed_mind else ("first", "")
-        if final is None and goal.changed_mind:
-            return "ok", ""
-        if final is None and first is None:
-            return ("ok", "") if goal.changed_mind else ("first", "")
-        if final is None:
-            return "ok", ""
-        return "wrong", final
+        if not goal.changed_mind:
+            return ("first", "") if first is None else ("wrong", first)
+        return ("ok", "") if final is None else ("first", "") if first is None else ("wrong", final)
     return ("ok", "") if final is None else ("wrong", final)
 
 
