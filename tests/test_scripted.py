@@ -71,17 +71,8 @@ def test_skip_confirmation_is_flagged_and_fails_change_of_mind(name: str) -> Non
 class _GuessesFinalSession(ExpertSession):
     """The expert, except that it proposes what a mind-changing user will settle on before the user said it."""
 
-    def settle(self, intent: Any, name: str, propose: Any) -> Any:
-        if intent.first_args is None:
-            return (yield from super().settle(intent, name, propose))
-        for args in (intent.args, intent.first_args, intent.args):
-            text = yield from propose(args)
-            if text is None:
-                return False
-            done = yield from self.confirm_write(text, name, args)
-            if done is not None:
-                return done
-        return False
+    def proposals(self, intent: Any) -> list[Any]:
+        return [intent.args] if intent.first_args is None else [intent.args, intent.first_args, intent.args]
 
 
 class _GuessesFinal(ExpertPolicy):

@@ -144,11 +144,14 @@ class ExpertSession(PolicySession):
         out = yield from self.call(name, args)
         return not out.startswith("Error")
 
+    def proposals(self, intent: Intent) -> list[Mapping[str, Any]]:
+        """What to propose in turn: the user's first request, then, after a change of mind, its final one."""
+        options = [intent.first_args, intent.args] if intent.first_args is not None else [intent.args]
+        return options[:1] if self.skip else options
+
     def settle(self, intent: Intent, name: str, propose: Callable[[Mapping[str, Any]], Script]) -> Script:
         """Propose the user's current request (first_args before a change of mind), write on a yes."""
-        options = [intent.first_args, intent.args] if intent.first_args is not None else [intent.args]
-        if self.skip:
-            options = options[:1]
+        options = self.proposals(intent)
         for attempt in range(3):
             args = options[min(attempt, len(options) - 1)]
             text = yield from propose(args)
