@@ -31,10 +31,11 @@ def _metrics(out: Path) -> list[dict]:
 
 def _grpo_cmd(out: Path) -> list[str]:
     # groups of 2 with DAPO refill: about half the groups are all-equal, so steps play a varying number of
-    # tasks and the resumed run must find its data position from the metrics it restored
+    # tasks and the resumed run must find its data position from the metrics it restored; two updates per
+    # step, so the optimizer state saved is that of several steps on one step's rollouts
     return [sys.executable, "-m", "muarl", "grpo", "--preset", "tiny", "--domain", "train_fixtures:coin",
             "--out", str(out), "--steps", "4", "--tasks-per-step", "3", "--group-size", "2",
-            "--dynamic-sampling", "--max-rollout-batches", "3",
+            "--dynamic-sampling", "--max-rollout-batches", "3", "--num-iterations", "2",
             "--max-new-tokens", "16", "--max-turns", "3", "--lr", "3e-3", "--save-every", "1",
             "--keep-checkpoints", "0", "--no-progress"]
 

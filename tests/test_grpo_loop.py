@@ -66,6 +66,37 @@ def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowe
     assert stats["clip_fraction"] == 0  # the first step is on-policy: ratio 1, nothing to clip
 
 
+def test_several_iterations_reuse_the_rollouts_and_the_clip_bounds_them():
+    """num_iterations = 3 takes three optimizer steps on one batch of rollouts; from the second on, the
+    ratio to the sampling policy has left 1, so some tokens are clipped (none are in a single, on-policy step)."""
+    import asyncio
+    import copy
+
+    from muarl.algorithms import get_algorithm
+    from muarl.domain import get_domain
+    from muarl.policies.hf import HFPolicy
+    from muarl.rollout import EpisodeConfig, RolloutEngine
+    from muarl.train.grpo import GRPOConfig, update_on_rollouts
+    from muarl.users.scripted import ScriptedUser
+
+    model, tokenizer = load("tiny")
+    reference = copy.deepcopy(model).requires_grad_(False)
+    domain = get_domain("retail")
+    policy = HFPolicy((model, tokenizer), temperature=1.0, max_new_tokens=16, seed=2)
+    engine = RolloutEngine(domain, policy, ScriptedUser(), EpisodeConfig(max_turns=2), group_size=2, progress=False)
+    [[good, bad]] = asyncio.run(engine.run(domain.tasks("train")[:1]))
+    algorithm = get_algorithm("grpo", kl_beta=0.0)
+    clipped = {}
+    for iterations in (1, 3):
+        trained = copy.deepcopy(model)
+        config = GRPOConfig(lr=1e-2, weight_decay=0.0, kl_beta=0.0, num_iterations=iterations)
+        optimizer = torch.optim.AdamW(trained.parameters(), lr=config.lr, weight_decay=0.0)
+        stats, _, _ = update_on_rollouts(trained, reference, optimizer, algorithm, [(good, 1.0), (bad, -1.0)], config)
+        assert {int(state["step"]) for state in optimizer.state.values()} == {iterations}
+        clipped[iterations] = stats["clip_fraction"]
+    assert clipped[1] == 0 and clipped[3] > 0
+
+
 def test_first_update_is_on_policy():
     """The stored sampling log-probs equal a fresh forward pass: the first ratio is exactly 1."""
     import asyncio
@@ -205,7 +236,8 @@ def test_grpo_configs_that_cannot_run_fail_with_the_option_name():
     from muarl.train.grpo import GRPOConfig
 
     for bad, word in (({"tasks_per_step": 0}, "tasks_per_step"), ({"max_rollout_batches": 0}, "max_rollout_batches"),
-                      ({"group_size": -1}, "group_size"), ({"temperature": 0.0}, "temperature")):
+                      ({"group_size": -1}, "group_size"), ({"temperature": 0.0}, "temperature"),
+                      ({"num_iterations": 0}, "num_iterations")):
         with pytest.raises(ValueError, match=word):
             GRPOConfig(**bad)
     with pytest.raises(ValueError, match="tasks_per_step"):

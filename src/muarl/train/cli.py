@@ -68,7 +68,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 
 
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
-              "penalize_violations"]
+              "penalize_violations", "num_iterations"]
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
@@ -114,4 +114,7 @@ def add_commands(sub: Any) -> None:
     _add(grpo, "--max-rollout-batches", type=int,
          help="with --dynamic-sampling: play up to this many batches of --tasks-per-step tasks per step to fill "
               "the update with groups that have a learning signal (default 4)")
+    _add(grpo, "--num-iterations", type=int,
+         help="optimizer steps on each step's rollouts (GRPO's mu, default 1); above 1 the rollouts are reused "
+              "and the clip bounds each step")
     grpo.set_defaults(func=_grpo_cmd)

@@ -3,8 +3,8 @@
 Each step: take the next ``tasks_per_step`` training tasks; play ``group_size`` episodes of each with the
 live policy against the simulated user (every member of a group meets the same user seed); turn each
 group's binary rewards into advantages; score the sampled tokens under the current policy and under the
-frozen reference; take one optimizer step on the clipped, token-mean loss with the k3 KL term; log.
-Simulator-fault episodes stay out of the gradient (their mask is zeroed) instead of counting as failures.
+frozen reference; take one optimizer step (or ``num_iterations`` on the same rollouts) on the clipped,
+token-mean loss with the k3 KL term; log. Simulator-fault episodes stay out of the gradient (their mask is zeroed) instead of counting as failures.
 With DAPO dynamic sampling, groups whose members all scored alike are dropped and more tasks are played
 until ``tasks_per_step`` groups with a learning signal are found (or ``max_rollout_batches`` are spent).
 """
@@ -73,12 +73,13 @@ class GRPOConfig(RunSettings):
     penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
     gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
     micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
+    num_iterations: int = 1  # optimizer steps on each step's rollouts (GRPO's mu); above 1, clipping acts
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
 
     def __post_init__(self) -> None:
         """A config that cannot run fails here, with the option's name, not as a tensor error mid-step."""
         for name in ("steps", "tasks_per_step", "group_size", "max_rollout_batches", "max_new_tokens", "max_turns",
-                     "micro_batch_size"):
+                     "micro_batch_size", "num_iterations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GRPO {name} must be at least 1 (got {getattr(self, name)})")
         if self.temperature <= 0 or self.lr <= 0:
@@ -222,6 +223,22 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     return stats, ref_s, time.perf_counter() - began
 
 
+def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: Any,
+                       batch: list[tuple[Trajectory, float]], config: GRPOConfig, dist: Dist | None = None,
+                       totals: tuple[float, float] | None = None) -> tuple[dict[str, float], float, float]:
+    """``config.num_iterations`` optimizer steps on one step's rollouts (GRPO's mu; verl's ppo_epochs).
+
+    Rollouts are the expensive part of a step (on the CPU demo about 55 s against 4 s for an update), so
+    reusing them for several updates buys more learning per episode. The old log-probs stay the sampling
+    ones, so from the second update on the ratio leaves 1 and the clip bounds how far a step can move.
+    Returns each stat averaged over the updates and the summed reference and update seconds.
+    """
+    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals)
+            for _ in range(config.num_iterations)]
+    stats = {key: sum(run[0][key] for run in runs) / len(runs) for key in runs[0][0]}
+    return stats, sum(run[1] for run in runs), sum(run[2] for run in runs)
+
+
 def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     """Run GRPO; writes ``out/model``, ``metrics.jsonl``, ``config.json``, ``rollouts/step_N.jsonl``,
     ``checkpoints/step_N/`` and the chosen trackers' logs (TensorBoard by default).
@@ -287,8 +304,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             if batch:
                 totals = (float(sum(sum(t.loss_mask) for _, t, _ in batch)), float(len(batch)))
                 share = [(t, a) for g, t, a in batch if g % dist.world == dist.rank]
-                stats, ref_s, update_s = policy_update(model, reference, optimizer, algorithm, share, config,
-                                                       dist, totals)
+                stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
+                                                            dist, totals)
             if dist.main:
                 _write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
