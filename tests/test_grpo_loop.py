@@ -32,15 +32,14 @@ def test_grpo_steps_update_the_model_and_log_the_dynamics(tmp_path):
     assert any((tmp_path / "tensorboard").iterdir())
 
 
-def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowers_negative_ones():
+def _tiny_model_and_two_episodes():
+    """The embedded model, a frozen copy of it (the reference) and two short retail episodes it sampled."""
     import asyncio
     import copy
 
-    from muarl.algorithms import get_algorithm
     from muarl.domain import get_domain
     from muarl.policies.hf import HFPolicy
     from muarl.rollout import EpisodeConfig, RolloutEngine
-    from muarl.train.grpo import GRPOConfig, policy_update
     from muarl.users.scripted import ScriptedUser
 
     model, tokenizer = load("tiny")
@@ -48,7 +47,15 @@ def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowe
     domain = get_domain("retail")
     policy = HFPolicy((model, tokenizer), temperature=1.0, max_new_tokens=16, seed=2)
     engine = RolloutEngine(domain, policy, ScriptedUser(), EpisodeConfig(max_turns=2), group_size=2, progress=False)
-    [[good, bad]] = asyncio.run(engine.run(domain.tasks("train")[:1]))
+    [[first, second]] = asyncio.run(engine.run(domain.tasks("train")[:1]))
+    return model, reference, first, second
+
+
+def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowers_negative_ones():
+    from muarl.algorithms import get_algorithm
+    from muarl.train.grpo import GRPOConfig, policy_update
+
+    model, reference, good, bad = _tiny_model_and_two_episodes()
 
     def mean_logp(traj):
         with torch.no_grad():
@@ -69,22 +76,12 @@ def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowe
 def test_several_iterations_reuse_the_rollouts_and_the_clip_bounds_them():
     """num_iterations = 3 takes three optimizer steps on one batch of rollouts; from the second on, the
     ratio to the sampling policy has left 1, so some tokens are clipped (none are in a single, on-policy step)."""
-    import asyncio
     import copy
 
     from muarl.algorithms import get_algorithm
-    from muarl.domain import get_domain
-    from muarl.policies.hf import HFPolicy
-    from muarl.rollout import EpisodeConfig, RolloutEngine
     from muarl.train.grpo import GRPOConfig, update_on_rollouts
-    from muarl.users.scripted import ScriptedUser
 
-    model, tokenizer = load("tiny")
-    reference = copy.deepcopy(model).requires_grad_(False)
-    domain = get_domain("retail")
-    policy = HFPolicy((model, tokenizer), temperature=1.0, max_new_tokens=16, seed=2)
-    engine = RolloutEngine(domain, policy, ScriptedUser(), EpisodeConfig(max_turns=2), group_size=2, progress=False)
-    [[good, bad]] = asyncio.run(engine.run(domain.tasks("train")[:1]))
+    model, reference, good, bad = _tiny_model_and_two_episodes()
     algorithm = get_algorithm("grpo", kl_beta=0.0)
     clipped = {}
     for iterations in (1, 3):
