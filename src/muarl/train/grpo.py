@@ -4,7 +4,8 @@ Each step: take the next ``tasks_per_step`` training tasks; play ``group_size`` 
 live policy against the simulated user (every member of a group meets the same user seed); turn each
 group's binary rewards into advantages; score the sampled tokens under the current policy and under the
 frozen reference; take one optimizer step (or ``num_iterations`` on the same rollouts) on the clipped,
-token-mean loss with the k3 KL term; log. Simulator-fault episodes stay out of the gradient (their mask is zeroed) instead of counting as failures.
+token-mean loss with the k3 KL term; log. Simulator-fault episodes stay out of the gradient (their mask
+is zeroed) instead of counting as failures.
 With DAPO dynamic sampling, groups whose members all scored alike are dropped and more tasks are played
 until ``tasks_per_step`` groups with a learning signal are found (or ``max_rollout_batches`` are spent).
 """
