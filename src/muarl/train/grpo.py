@@ -156,9 +156,34 @@ def rollout_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     }
 
 
+def _micro_batches(batch: list[tuple[Trajectory, float]], config: GRPOConfig) -> list[list[int]]:
+    """Indices of ``batch`` in micro-batches of ``config.micro_batch_size``, sorted by length (little padding)."""
+    size = max(1, config.micro_batch_size)
+    order = sorted(range(len(batch)), key=lambda i: len(batch[i][0].token_ids))
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory, float]],
+                       config: GRPOConfig) -> list[torch.Tensor]:
+    """The frozen reference's log-probs of ``batch``'s agent tokens, one tensor per micro-batch."""
+    params = trainable_parameters(model)
+    precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
+    ref: list[torch.Tensor] = []
+    with torch.no_grad(), reference_mode(model, reference) as scorer:
+        was_training = scorer.training
+        scorer.eval()
+        for part in _micro_batches(batch, config):
+            with precision:
+                ref.append(batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
+                                          [batch[i][0].loss_mask for i in part])[0])
+        scorer.train(was_training)
+    return ref
+
+
 def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
                   batch: list[tuple[Trajectory, float]], config: GRPOConfig, dist: Dist | None = None,
-                  totals: tuple[float, float] | None = None) -> tuple[dict[str, float], float, float]:
+                  totals: tuple[float, float] | None = None,
+                  ref: list[torch.Tensor] | None = None) -> tuple[dict[str, float], float, float]:
     """One optimizer step on (trajectory, advantage) pairs; returns (stats, reference seconds, update seconds).
 
     ``batch`` is cut into micro-batches of ``config.micro_batch_size`` sequences (sorted by length, so
@@ -168,26 +193,19 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     token-mean loss. With several processes ``batch`` is this rank's share, ``totals`` the whole
     update's (tokens, sequences) and the gradients are summed over ranks before the step. Old log-probs
     are the ones stored at sampling time (the step is on-policy: ratio 1). ``reference`` None means LoRA:
-    the reference is the model with its adapter disabled.
+    the reference is the model with its adapter disabled. ``ref``: the reference's log-probs of ``batch``
+    already computed (:func:`reference_logprobs`), so several updates on one batch score it once.
     """
     dist = dist or Dist()
     params = trainable_parameters(model)
     tokens, sequences = totals or (float(sum(sum(t.loss_mask) for t, _ in batch)), float(len(batch)))
-    size = max(1, config.micro_batch_size)
-    order = sorted(range(len(batch)), key=lambda i: len(batch[i][0].token_ids))
-    parts = [order[i:i + size] for i in range(0, len(order), size)]
+    parts = _micro_batches(batch, config)
     precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
-    began = time.perf_counter()
-    ref: list[torch.Tensor] = []
-    with torch.no_grad(), reference_mode(model, reference) as scorer:
-        was_training = scorer.training
-        scorer.eval()
-        for part in parts:
-            with precision:
-                ref.append(batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
-                                          [batch[i][0].loss_mask for i in part])[0])
-        scorer.train(was_training)
-    ref_s = time.perf_counter() - began
+    ref_s = 0.0
+    if ref is None:
+        began = time.perf_counter()
+        ref = reference_logprobs(model, reference, batch, config)
+        ref_s = time.perf_counter() - began
     began = time.perf_counter()
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -232,12 +250,16 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     Rollouts are the expensive part of a step (on the CPU demo about 55 s against 4 s for an update), so
     reusing them for several updates buys more learning per episode. The old log-probs stay the sampling
     ones, so from the second update on the ratio leaves 1 and the clip bounds how far a step can move.
-    Returns each stat averaged over the updates and the summed reference and update seconds.
+    The reference does not change, so its log-probs are computed once for all the updates. Returns each
+    stat averaged over the updates, the reference seconds and the summed update seconds.
     """
-    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals)
+    began = time.perf_counter()
+    ref = reference_logprobs(model, reference, batch, config)
+    ref_s = time.perf_counter() - began
+    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref)
             for _ in range(config.num_iterations)]
     stats = {key: sum(run[0][key] for run in runs) / len(runs) for key in runs[0][0]}
-    return stats, sum(run[1] for run in runs), sum(run[2] for run in runs)
+    return stats, ref_s, sum(run[2] for run in runs)
 
 
 def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
