@@ -93,7 +93,8 @@ def test_user_corrects_a_guess_at_what_it_will_change_its_mind_to(name: str) -> 
         assert proposals, task.id
         first_reply = traj.messages[proposals[0] + 1]
         assert first_reply.role == "user" and not is_confirmation(first_reply.content), (task.id, first_reply.content)
-        assert "changed my mind" in traj.messages[proposals[1] + 1].content, task.id  # then the first request
+        assert "changed my mind" not in first_reply.content, task.id  # it restates its first request
+        assert traj.messages[proposals[1] + 1].content.startswith("Wait, actually I've changed my mind"), task.id
         assert traj.reward is not None and traj.reward.reward == 1.0, task.id  # and the final one goes through
         assert not traj.reward.violations, task.id
 
