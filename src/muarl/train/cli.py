@@ -1,7 +1,8 @@
-"""Command-line options of ``muarl sft`` and ``muarl grpo`` for checkpoints, LoRA, trackers and precision.
+"""Command-line options of ``muarl sft`` and ``muarl grpo`` for checkpoints, LoRA, trackers and precision,
+and the ``muarl pretrain`` command.
 
-``muarl.cli`` defines the two commands; :func:`add_commands` adds these options to them and installs
-handlers that pass every option into the config (an option left out keeps the preset's value).
+``muarl.cli`` defines sft and grpo; :func:`add_commands` adds these options to them, adds ``pretrain``,
+and installs handlers that pass every option into the config (an option left out keeps the default).
 """
 
 from __future__ import annotations
@@ -91,8 +92,58 @@ def _grpo_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+PRETRAIN = ["model", "out", "steps", "batch_size", "lr", "seed", "chunk_tasks", "probe_every", "hidden_size",
+            "layers", "heads", "head_dim", "kv_heads", "prompt"]
+
+
+def _pretrain_cmd(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from muarl.train.pretrain import PretrainConfig, train_pretrain
+
+    given = {k: v for k, v in _options(args, PRETRAIN + COMMON).items() if v is not None}
+    if args.domains:
+        given["domains"] = args.domains
+    if args.exclude_behaviours:
+        from muarl.synth import BEHAVIOURS
+
+        unknown = sorted(set(args.exclude_behaviours) - set(BEHAVIOURS))
+        if unknown:
+            raise ValueError(f"unknown user behaviour {', '.join(unknown)}; choose from {', '.join(BEHAVIOURS)}")
+        given["exclude_behaviours"] = args.exclude_behaviours
+    config = PretrainConfig(**{k: v for k, v in given.items() if k in {f.name for f in fields(PretrainConfig)}})
+    result = train_pretrain(config, progress=not args.no_progress)
+    accuracy = result["copy_accuracy"]
+    Console().print(f"pretrain: {result['steps']} steps; held-out copy accuracy "
+                    f"{'n/a' if accuracy is None else f'{accuracy:.3f}'}; checkpoint {result['checkpoint']}")
+    return 0
+
+
+def _pretrain_parser(sub: Any) -> None:
+    p = sub.add_parser("pretrain", help="train the cold-start base on an unlimited stream of expert conversations "
+                                        "(fresh databases and ids; resumable)")
+    p.add_argument("--out", required=True, help="run directory: model/, metrics.jsonl, copy_probe.jsonl, stream/")
+    p.add_argument("--model", help="continue from this checkpoint (default: the embedded model, random weights)")
+    p.add_argument("--domains", nargs="+", help="domains whose generators feed the stream (default retail-lite)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default 4000; the cosine schedule ends there)")
+    p.add_argument("--batch-size", type=int, help="conversations per step (default 8)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    p.add_argument("--chunk-tasks", type=int, help="training tasks per freshly generated database (default 200)")
+    p.add_argument("--exclude-behaviours", nargs="+",
+                   help="leave out users who show these behaviours (e.g. changes_mind), for RL to teach")
+    p.add_argument("--probe-every", type=int, help="steps between held-out copy-accuracy probes (default 250)")
+    p.add_argument("--seed", type=int)
+    for flag, kind in (("--hidden-size", int), ("--layers", int), ("--heads", int), ("--head-dim", int),
+                       ("--kv-heads", int)):
+        p.add_argument(flag, type=kind, help="shape of a new model (default 64 / 2 / 4 / 64 / 1)")
+    p.add_argument("--prompt", choices=["full", "compact"], help="chat template of a new model (default compact)")
+    _common(p)
+    p.set_defaults(func=_pretrain_cmd)
+
+
 def add_commands(sub: Any) -> None:
-    """Extend the ``sft`` and ``grpo`` subcommands that ``muarl.cli`` defined."""
+    """Extend the ``sft`` and ``grpo`` subcommands that ``muarl.cli`` defined, and add ``pretrain``."""
+    _pretrain_parser(sub)
     sft = sub.choices["sft"]
     _common(sft)
     _add(sft, "--fresh-ids", dest="fresh_ids", action="store_const", const=True,

@@ -26,6 +26,7 @@ import torch
 from rich.console import Console
 
 from muarl.algorithms import LossBatch, get_algorithm, informative_groups
+from muarl.algorithms.common import k3_kl
 from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.policies.hf import HFPolicy
@@ -34,6 +35,14 @@ from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
+from muarl.train.shared_prefix import (
+    MIN_PREFIX,
+    DetachedPrefix,
+    Prefix,
+    common_prefix,
+    hidden_after_prefix,
+    record_prefix,
+)
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import (
     causal_lm,
@@ -72,7 +81,12 @@ class GRPOConfig(RunSettings):
     max_rollout_batches: int = 4  # with dynamic_sampling: batches of tasks_per_step tasks played per step, at most
     mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
     penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
-    gradient_checkpointing: bool = True  # recompute activations in backward: long prompts, bounded memory
+    # recompute activations in backward (bounded memory, a second forward's time); None: by need, see
+    # set_checkpointing (never on the CPU; on a GPU when the micro-batch's activations would not fit well)
+    gradient_checkpointing: bool | None = None
+    shared_prefix: bool = True  # compute the batch's shared opening (system turn) once per update
+    skip_zero_advantage: bool = True  # no forward/backward for zero-advantage sequences without a KL term
+    zero_advantage_kl: float = 0.0  # ... nor for those whose kl_beta * mean KL is at most this (0: exact only)
     micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
     num_iterations: int = 1  # optimizer steps on each step's rollouts (GRPO's mu); above 1, clipping acts
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
@@ -95,29 +109,39 @@ PRESETS: dict[str, GRPOConfig] = {
 
 
 def batch_logprobs(model: Any, sequences: list[list[int]], temperature: float,
-                   masks: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   masks: list[list[int]] | None = None,
+                   prefix: Prefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probabilities of several sequences in one forward pass, and each prediction's entropy.
 
     Returns two [sequences, longest] tensors (0 where a position is not scored or is padding). Rows are
     right-padded, which needs no attention mask: under causal attention a real token never sees the
     padding after it. Only positions where the mask is 1 are scored: the output head runs on the hidden
     states that predict agent tokens only, a few percent of these conversations, so the vocabulary-sized
-    logits are never built for the long prompt. Works on a plain causal LM and on a peft (LoRA) model.
+    logits are never built for the long prompt. ``prefix``: the sequences' shared opening, already run
+    (:mod:`muarl.train.shared_prefix`); only what follows it is computed here. Works on a plain causal
+    LM and on a peft (LoRA) model.
     """
     lm = causal_lm(model)
     device = next(lm.parameters()).device
+    start = len(prefix) if prefix is not None else 0
+    if prefix is not None and any(seq[:start] != prefix.tokens for seq in sequences):
+        raise ValueError("every sequence must start with the shared prefix it is scored against")
     width = max(len(ids) for ids in sequences)
-    ids = torch.zeros(len(sequences), width, dtype=torch.long)
     rows, cols, wanted = [], [], []
     for b, seq in enumerate(sequences):
-        ids[b, :len(seq)] = torch.tensor(seq)
-        targets = [p for p in range(1, len(seq)) if masks is None or masks[b][p]]
+        targets = [p for p in range(max(1, start + 1), len(seq)) if masks is None or masks[b][p]]
         rows += [b] * len(targets)
         cols += targets
         wanted += [seq[p] for p in targets]
-    hidden = lm.model(input_ids=ids.to(device)).last_hidden_state
+    if prefix is not None:
+        hidden = hidden_after_prefix(lm, prefix, [seq[start:] for seq in sequences])
+    else:
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        for b, seq in enumerate(sequences):
+            ids[b, :len(seq)] = torch.tensor(seq)
+        hidden = lm.model(input_ids=ids.to(device)).last_hidden_state
     r, c = torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device)
-    logits = lm.get_output_embeddings()(hidden[r, c - 1]).float()
+    logits = lm.get_output_embeddings()(hidden[r, c - 1 - start]).float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     chosen = logp.gather(-1, torch.tensor(wanted, device=device).unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1).detach()
@@ -156,28 +180,104 @@ def rollout_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     }
 
 
-def _micro_batches(batch: list[tuple[Trajectory, float]], config: GRPOConfig) -> list[list[int]]:
-    """Indices of ``batch`` in micro-batches of ``config.micro_batch_size``, sorted by length (little padding)."""
+def _micro_batches(batch: list[tuple[Trajectory, float]], config: GRPOConfig,
+                   indices: list[int] | None = None) -> list[list[int]]:
+    """Indices of ``batch`` (or of its ``indices``) in micro-batches of ``config.micro_batch_size``, sorted
+    by length (little padding)."""
     size = max(1, config.micro_batch_size)
-    order = sorted(range(len(batch)), key=lambda i: len(batch[i][0].token_ids))
+    order = sorted(range(len(batch)) if indices is None else indices, key=lambda i: len(batch[i][0].token_ids))
     return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def shared_opening(trajs: list[Trajectory], config: GRPOConfig) -> list[int]:
+    """The tokens all of ``trajs`` share before their first scored one (the system turn, and within a group
+    often the first user message), when worth computing once (:mod:`muarl.train.shared_prefix`)."""
+    if not config.shared_prefix or len(trajs) < 2:
+        return []
+    n = common_prefix([t.token_ids for t in trajs], [t.loss_mask for t in trajs])
+    return trajs[0].token_ids[:n] if n >= MIN_PREFIX else []
 
 
 def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory, float]],
                        config: GRPOConfig) -> list[torch.Tensor]:
-    """The frozen reference's log-probs of ``batch``'s agent tokens, one tensor per micro-batch."""
+    """The frozen reference's log-probs of each of ``batch``'s sequences (0 where a token is not scored).
+
+    The shared opening is run once for the whole batch; each micro-batch runs only what follows it.
+    """
     params = trainable_parameters(model)
     precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
-    ref: list[torch.Tensor] = []
+    ref: list[torch.Tensor] = [torch.zeros(0)] * len(batch)
+    opening = shared_opening([t for t, _ in batch], config)
     with torch.no_grad(), reference_mode(model, reference) as scorer:
         was_training = scorer.training
         scorer.eval()
-        for part in _micro_batches(batch, config):
-            with precision:
-                ref.append(batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
-                                          [batch[i][0].loss_mask for i in part])[0])
+        with precision:
+            prefix = record_prefix(causal_lm(scorer), opening) if opening else None
+            for part in _micro_batches(batch, config):
+                scored = batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
+                                        [batch[i][0].loss_mask for i in part], prefix)[0]
+                for row, i in enumerate(part):
+                    ref[i] = scored[row, :len(batch[i][0].token_ids)]
         scorer.train(was_training)
     return ref
+
+
+def skipped_sequences(batch: list[tuple[Trajectory, float]], ref: list[torch.Tensor] | None,
+                      config: GRPOConfig) -> set[int]:
+    """Sequences of ``batch`` whose forward and backward the update can leave out.
+
+    A sequence whose advantage is 0 adds nothing to the policy term's gradient; only its KL term can. It is
+    skipped when that term is off (``kl_beta`` 0), or when its mean KL to the reference (k3, from its
+    sampling log-probs) times ``kl_beta`` is at most ``config.zero_advantage_kl`` (a documented
+    approximation; 0, the default, skips only what is exact).
+    """
+    if not config.skip_zero_advantage:
+        return set()
+    skip = set()
+    for i, (traj, advantage) in enumerate(batch):
+        if advantage != 0.0:
+            continue
+        if config.kl_beta == 0 or ref is None:
+            skip.add(i)
+            continue
+        mask = torch.tensor(traj.loss_mask, dtype=torch.float)
+        kl = float((k3_kl(torch.tensor(traj.logprobs), ref[i].cpu()) * mask).sum() / mask.sum().clamp(min=1))
+        if config.kl_beta * kl <= config.zero_advantage_kl:
+            skip.add(i)
+    return skip
+
+
+def checkpointing(lm: Any) -> bool:
+    """Whether activation checkpointing is on for ``lm`` (the attribute was renamed in transformers 5)."""
+    return bool(getattr(lm, "is_activation_checkpointing", None) if hasattr(lm, "activation_checkpointing_enable")
+                else getattr(lm, "is_gradient_checkpointing", False))
+
+
+def set_checkpointing(model: Any, config: GRPOConfig, tokens: int) -> bool:
+    """Activation checkpointing by need: on when ``config.gradient_checkpointing`` says so, or (None, the
+    default) when the update's largest micro-batch (``tokens`` tokens) would keep activations above a
+    quarter of the accelerator's free memory. Never by default on the CPU, where memory is the host's and
+    recomputing every forward only costs time. Returns whether it is on."""
+    lm = causal_lm(model)
+    wanted = config.gradient_checkpointing
+    if wanted is None:
+        device = next(lm.parameters()).device
+        if device.type != "cuda":
+            wanted = False
+        else:
+            c = lm.config
+            per_token = c.num_hidden_layers * (12 * c.hidden_size + 3 * c.intermediate_size) * 4  # bytes, fp32
+            wanted = tokens * per_token > torch.cuda.mem_get_info(device)[0] / 4
+    if wanted != checkpointing(lm):
+        if wanted and hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif wanted:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif hasattr(lm, "activation_checkpointing_disable"):
+            lm.activation_checkpointing_disable()
+        else:
+            lm.gradient_checkpointing_disable()
+    return bool(wanted)
 
 
 def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
@@ -190,31 +290,50 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     rows of one forward pass waste little padding), each run forward and backward on its own, which
     bounds memory. Every micro-batch's loss is normalised by the whole update's agent-token count (and
     sequence count, for Dr.GRPO): the accumulated gradient is exactly that of the whole batch's
-    token-mean loss. With several processes ``batch`` is this rank's share, ``totals`` the whole
-    update's (tokens, sequences) and the gradients are summed over ranks before the step. Old log-probs
-    are the ones stored at sampling time (the step is on-policy: ratio 1). ``reference`` None means LoRA:
-    the reference is the model with its adapter disabled. ``ref``: the reference's log-probs of ``batch``
-    already computed (:func:`reference_logprobs`), so several updates on one batch score it once.
+    token-mean loss. The batch's shared opening is computed once, its gradient gathered from every
+    micro-batch (:mod:`muarl.train.shared_prefix`); sequences that carry no gradient are not run
+    (:func:`skipped_sequences`), their KL and loss counted from their sampling log-probs. With several
+    processes ``batch`` is this rank's share, ``totals`` the whole update's (tokens, sequences) and the
+    gradients are summed over ranks before the step. Old log-probs are the ones stored at sampling time
+    (the step is on-policy: ratio 1). ``reference`` None means LoRA: the reference is the model with its
+    adapter disabled. ``ref``: the reference's log-probs of ``batch`` already computed
+    (:func:`reference_logprobs`), so several updates on one batch score it once; with ``kl_beta`` 0 the
+    reference is not needed and not computed.
     """
     dist = dist or Dist()
     params = trainable_parameters(model)
     tokens, sequences = totals or (float(sum(sum(t.loss_mask) for t, _ in batch)), float(len(batch)))
-    parts = _micro_batches(batch, config)
     precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
     ref_s = 0.0
-    if ref is None:
+    if ref is None and config.kl_beta:
         began = time.perf_counter()
         ref = reference_logprobs(model, reference, batch, config)
         ref_s = time.perf_counter() - began
     began = time.perf_counter()
+    skip = skipped_sequences(batch, ref, config)
+    run = [i for i in range(len(batch)) if i not in skip]
+    parts = _micro_batches(batch, config, run)
+    if parts:
+        set_checkpointing(model, config, max(len(p) * len(batch[p[-1]][0].token_ids) for p in parts))
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
-    for part, ref_part in zip(parts, ref, strict=True):
+    for i in sorted(skip):  # what the skipped sequences add to the logged loss and KL, at their sampling log-probs
+        traj = batch[i][0]
+        if ref is not None and config.kl_beta:
+            mask = torch.tensor(traj.loss_mask, dtype=torch.float)
+            kl = float((k3_kl(torch.tensor(traj.logprobs), ref[i].cpu()) * mask).sum()) / max(tokens, 1.0)
+            sums["kl"] += kl
+            sums["loss"] += config.kl_beta * kl
+    with precision:
+        opening = shared_opening([batch[i][0] for i in run], config)
+        shared = DetachedPrefix(record_prefix(causal_lm(model), opening)) if opening else None
+    trained_tokens = float(sum(sum(batch[i][0].loss_mask) for i in run))
+    for part in parts:
         trajs = [batch[i][0] for i in part]
         with precision:
             current, entropy = batch_logprobs(model, [t.token_ids for t in trajs], config.temperature,
-                                              [t.loss_mask for t in trajs])
+                                              [t.loss_mask for t in trajs], shared.leaves if shared else None)
         width = current.shape[1]
         mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t in trajs], width).to(current.device)
         loss_batch = LossBatch(
@@ -223,7 +342,7 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
             advantages=_pad([torch.full((len(t.token_ids),), batch[i][1]) for i, t in zip(part, trajs, strict=True)],
                             width).to(current.device),
             mask=mask,
-            ref_logprobs=ref_part,
+            ref_logprobs=_pad([ref[i] for i in part], width).to(current.device) if ref is not None else None,
             total_tokens=tokens,
             total_sequences=sequences,
         )
@@ -232,13 +351,19 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         sums["loss"] += float(loss.detach())
         sums["kl"] += loss_stats.kl
         sums["clip_fraction"] += loss_stats.clip_fraction
-        sums["entropy"] += float((entropy * mask).sum()) / max(tokens, 1.0)
+        sums["entropy"] += float((entropy * mask).sum()) / max(trained_tokens, 1.0)
+    if shared is not None:
+        shared.backward()
+    for param in params:  # a gradient of 0, not none: AdamW's moments and weight decay move as in the plain update
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
     dist.all_reduce_grads(params)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
     optimizer.step()
     model.eval()
     stats = {key: dist.sum(value) for key, value in sums.items()}
-    stats.update(grad_norm=grad_norm, update_tokens=tokens)
+    stats.update(grad_norm=grad_norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
+                 shared_prefix_tokens=float(len(opening)))
     return stats, ref_s, time.perf_counter() - began
 
 
@@ -250,11 +375,12 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     Rollouts are the expensive part of a step (on the CPU demo about 55 s against 4 s for an update), so
     reusing them for several updates buys more learning per episode. The old log-probs stay the sampling
     ones, so from the second update on the ratio leaves 1 and the clip bounds how far a step can move.
-    The reference does not change, so its log-probs are computed once for all the updates. Returns each
-    stat averaged over the updates, the reference seconds and the summed update seconds.
+    The reference does not change, so its log-probs are computed once for all the updates (and not at
+    all with ``kl_beta`` 0). Returns each stat averaged over the updates, the reference seconds and the
+    summed update seconds.
     """
     began = time.perf_counter()
-    ref = reference_logprobs(model, reference, batch, config)
+    ref = reference_logprobs(model, reference, batch, config) if config.kl_beta else None
     ref_s = time.perf_counter() - began
     runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref)
             for _ in range(config.num_iterations)]
@@ -275,12 +401,6 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     dist = setup(config.device)
     run = open_run(config, dist)
     model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
-    if config.gradient_checkpointing:  # active in train mode only: generation keeps its KV cache
-        lm = causal_lm(model)
-        if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5
-            lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval()
     domain = get_domain(config.domain)
     user = make_user(config.user)

@@ -107,6 +107,26 @@ def step_examples(records: list[Record], indices: list[int], step: int, config: 
         refresh_ids(records[i].record, step_rng(config.seed, step, i)))) for i in indices]
 
 
+def accumulate_gradients(model: Any, examples: list[Example], targets: int, max_len: int, packing: bool,
+                         pad: int, precision: Any) -> tuple[float, float, list[list[int]]]:
+    """Forward and backward of one optimizer step's conversations, packed into rows of ``max_len`` tokens
+    (one row per forward pass, so memory is bounded by a row); each row's summed loss is divided by
+    ``targets``, the whole step's target count, so the accumulated gradient is the step's token-mean.
+    Returns (summed loss, summed padding fraction of the rows, the rows)."""
+    device = next(model.parameters()).device
+    max_len = max([max_len, *(len(e) for e in examples)])
+    rows = plan_rows([len(e) for e in examples], max_len) if packing else [[i] for i in range(len(examples))]
+    loss_sum, padding = 0.0, 0.0
+    for row in rows:
+        micro = collate(examples, [row], pad)
+        with precision:
+            total, _ = token_loss(model, micro.to(device))
+        (total / max(targets, 1)).backward()
+        loss_sum += float(total.detach())
+        padding += micro.padding_fraction
+    return loss_sum, padding, rows
+
+
 def cosine(step: int, total: int, warmup: int) -> float:
     """Learning-rate multiplier: linear warm-up, then cosine decay to zero."""
     if step < warmup:
@@ -159,18 +179,10 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 # of tokens, and tokenizes (renames, with fresh_ids) only its own share
                 local = step_examples(records, dist.share(sorted(indices, key=lambda i: -len(records[i].example))),
                                       step, config)
-                max_len = max([config.max_len, *(len(e) for e in local)])
-                rows = plan_rows([len(e) for e in local], max_len) if config.packing else [[i] for i in range(len(local))]
                 targets = int(dist.sum(sum(sum(e.mask[1:]) for e in local)))  # the whole batch's: its token-mean
-                loss_sum, padding = 0.0, 0.0
                 optimizer.zero_grad(set_to_none=True)
-                for row in rows:  # gradient accumulation: one packed row per forward pass
-                    micro = collate(local, [row], pad)
-                    with precision:
-                        total, _ = token_loss(model, micro.to(params[0].device))
-                    (total / targets).backward()
-                    loss_sum += float(total.detach())
-                    padding += micro.padding_fraction
+                loss_sum, padding, rows = accumulate_gradients(model, local, targets, config.max_len, config.packing,
+                                                               pad, precision)
                 dist.all_reduce_grads(params)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
                 optimizer.step()

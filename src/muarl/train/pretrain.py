@@ -1,0 +1,289 @@
+"""``muarl pretrain``: the cold-start base, trained on an unlimited stream of expert conversations.
+
+A model trained from random weights on a fixed data set memorizes its few hundred identifiers instead of
+learning to copy them, and then fails every held-out write (README, "The CPU demo"; docs/research/).
+Here no conversation is ever seen twice: the stream is cut into *chunks*, each a freshly generated
+database (its own users, orders and ids) whose training tasks the expert plays against the scripted
+user, and every identifier is renamed again as it is trained on (:mod:`muarl.train.fresh_ids`). The only
+way to lower the loss on an id is to copy it from where it appeared.
+
+Only train-split users are played (``muarl.taskgen.user_split`` is a function of the user id, so test
+users of any database, the default one included, never appear). The stream is deterministic: chunk
+``c`` of domain ``d`` is the same on every machine, so a run resumes exactly from its last checkpoint,
+and the chunks already played are kept in ``out/stream/`` (a resumed run reads them instead of playing
+them again). Every ``probe_every`` steps the model is scored on held-out conversations (the default
+database's dev users): its loss on the agent's tokens and the share of identifier digits it predicts
+as its most likely next token, the copy accuracy (``copy_probe.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from muarl.train import RunSettings, autocast
+from muarl.train.checkpoint import load_trainer_state, save_checkpoint
+from muarl.train.data import Example, tokenize_conversation
+from muarl.train.fresh_ids import refresh_ids, step_rng
+from muarl.train.run import open_run
+from muarl.train.sft import Record, accumulate_gradients, cosine, load_records
+from muarl.train.trackers import Trackers, check_report_to
+from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
+
+#: database seeds of the stream start here, far from the built-in domains' default (0)
+STREAM_SEED = 100_000
+
+
+@dataclass
+class PretrainConfig(RunSettings):
+    """Settings of ``muarl pretrain``; the defaults built the shipped base (docs/base_model.md)."""
+
+    model: str = ""  # a checkpoint to continue from; empty: the embedded model from random weights, shaped below
+    out: str = "runs/pretrain"
+    domains: list[str] = field(default_factory=lambda: ["retail-lite"])
+    steps: int = 4000
+    batch_size: int = 8  # conversations per optimizer step
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    max_len: int = 0  # tokens per packed row (0: the step's longest conversation)
+    chunk_tasks: int = 200  # training tasks generated per fresh database
+    exclude_behaviours: list[str] = field(default_factory=list)  # user behaviours kept out (for RL to teach)
+    probe_every: int = 250  # steps between copy-accuracy probes (0: only at the end)
+    probe_conversations: int = 24
+    save_every: int = 100
+    # the embedded model's shape when ``model`` is empty (README, "The CPU demo": wide heads copy sooner)
+    hidden_size: int = 64
+    layers: int = 2
+    heads: int = 4
+    head_dim: int = 64
+    kv_heads: int = 1
+    prompt: str = "compact"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "chunk_tasks", "probe_conversations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"pretrain {name} must be at least 1 (got {getattr(self, name)})")
+        if not self.domains:
+            raise ValueError("pretrain needs at least one domain")
+
+
+class ConversationStream:
+    """The deterministic, unlimited stream of training conversations (chat-format records).
+
+    Record ``i`` of the stream is fixed by the config alone: chunks are played in order (domains taking
+    turns), each chunk's kept conversations shuffled by its seed. Played chunks are cached in ``folder``.
+    """
+
+    def __init__(self, config: PretrainConfig, folder: Path):
+        from muarl.domain import get_domain
+
+        self.config, self.folder = config, folder
+        self.domains = [get_domain(name) for name in config.domains]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._chunks: list[list[dict[str, Any]]] = []
+
+    def chunk(self, c: int) -> list[dict[str, Any]]:
+        """Chunk ``c``: the expert's clean wins on the train tasks of a freshly generated database."""
+        path = self.folder / f"chunk_{c:06d}.jsonl"
+        if path.exists():
+            return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        from muarl.factory import make_policy, make_user
+        from muarl.synth import synthesize
+
+        domain = self.domains[c % len(self.domains)]
+        seed = STREAM_SEED + c
+        fresh = domain.with_database(seed=seed)
+        fresh._tasks = fresh.generate_tasks(seed, {"train": self.config.chunk_tasks, "dev": 0, "test": 0})
+        with tempfile.TemporaryDirectory(dir=self.folder) as tmp:
+            synthesize([fresh], make_policy("expert"), make_user("scripted"), Path(tmp), split="train",
+                       exclude_behaviours=self.config.exclude_behaviours or None, seed=seed, progress=False)
+            lines = [line for line in (Path(tmp) / "sft.jsonl").read_text(encoding="utf-8").splitlines() if line]
+        if not lines:
+            raise ValueError(f"chunk {c} of {domain.name} kept no conversation: the expert won no task")
+        random.Random(f"stream:{seed}").shuffle(lines)
+        tmp_path = path.with_suffix(".jsonl.tmp")
+        tmp_path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        tmp_path.replace(path)  # whole or absent: a killed run never leaves half a chunk
+        return [json.loads(line) for line in lines]
+
+    def records(self, start: int, count: int) -> list[dict[str, Any]]:
+        """Records ``start`` .. ``start + count - 1`` of the stream."""
+        out: list[dict[str, Any]] = []
+        c, offset = 0, 0
+        while len(out) < count:
+            while c >= len(self._chunks):
+                self._chunks.append(self.chunk(len(self._chunks)))
+            size = len(self._chunks[c])
+            if offset + size > start + len(out):
+                at = start + len(out) - offset
+                out += self._chunks[c][at:at + count - len(out)]
+            offset += size
+            c += 1
+        return out
+
+
+def step_examples(stream: ConversationStream, step: int, config: PretrainConfig, tokenizer: Any,
+                  formats: dict[str, Any]) -> list[Example]:
+    """One optimizer step's conversations, tokenized, every identifier renamed for this step."""
+    from muarl.chat import ChatFormat
+    from muarl.synth import from_chat_record
+    from muarl.types import ToolSpec
+
+    examples = []
+    for i, record in enumerate(stream.records(step * config.batch_size, config.batch_size)):
+        key = json.dumps(record["tools"], sort_keys=True)
+        if key not in formats:
+            specs = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
+                              parameters=t["function"].get("parameters", {})) for t in record["tools"]]
+            formats[key] = ChatFormat(tokenizer, specs)
+        renamed = refresh_ids(record, step_rng(config.seed, step, i))
+        examples.append(tokenize_conversation(formats[key], from_chat_record(renamed)))
+    return examples
+
+
+def probe_records(domains: list[str], n: int, folder: Path, tokenizer: Any) -> list[Record]:
+    """Held-out conversations for the copy probe: the expert on the default database's dev users."""
+    from muarl.domain import get_domain
+    from muarl.factory import make_policy, make_user
+    from muarl.synth import synthesize
+
+    path = folder / "probe_conversations.jsonl"
+    if not path.exists():
+        lines: list[str] = []
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            for name in domains:
+                synthesize([get_domain(name)], make_policy("expert"), make_user("scripted"), Path(tmp) / name,
+                           split="dev", progress=False)
+                lines += (Path(tmp) / name / "sft.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+        path.write_text("".join(line + "\n" for line in lines if line), encoding="utf-8")
+    return load_records([str(path)], tokenizer)
+
+
+def copy_probe(model: Any, tokenizer: Any, records: list[Record]) -> dict[str, float]:
+    """Loss per agent token, and how many identifier digits (tokens of 4+-digit runs and their pieces:
+    any agent token holding a digit) the model predicts as its most likely next token."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    digit = {i for i in range(len(tokenizer)) if re.search(r"\d", tokenizer.decode([i]))}
+    loss, tokens, right, digits = 0.0, 0, 0, 0
+    with torch.no_grad():
+        for record in records:
+            ex = record.example
+            logits = model(input_ids=torch.tensor([ex.ids], device=device)).logits[0].float()
+            logp = torch.log_softmax(logits[:-1], -1)
+            target = torch.tensor(ex.ids[1:], device=device)
+            mask = torch.tensor(ex.mask[1:], dtype=torch.bool, device=device)
+            nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            loss += float(nll[mask].sum())
+            tokens += int(mask.sum())
+            is_digit = mask & torch.tensor([t in digit for t in ex.ids[1:]], device=device)
+            right += int((logp.argmax(-1) == target)[is_digit].sum())
+            digits += int(is_digit.sum())
+    model.train(was_training)
+    return {"probe_loss": loss / max(tokens, 1), "copy_accuracy": right / max(digits, 1)}
+
+
+def _initial_model(config: PretrainConfig, out: Path) -> str:
+    """The starting checkpoint: ``config.model``, or the embedded model built (once) in ``out/init``."""
+    if config.model:
+        return config.model
+    from transformers import AutoTokenizer
+
+    from muarl.models import tiny_path
+    from muarl.tiny_model import TinyConfig, build
+
+    folder = out / "init"
+    if not (folder / "config.json").exists():
+        shape = TinyConfig.shaped(config.hidden_size, config.layers, config.heads, config.head_dim,
+                                  config.kv_heads, config.seed)
+        build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=config.prompt)
+    return str(folder)
+
+
+def train_pretrain(config: PretrainConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the base training; writes ``out/model``, ``metrics.jsonl``, ``copy_probe.jsonl``, ``stream/`` and
+    ``checkpoints/``. Resumes from the newest checkpoint unless ``config.resume`` is False."""
+    from dataclasses import replace
+
+    from muarl.train.distributed import setup
+
+    check_report_to(config.report_to)
+    dist = setup(config.device)
+    if dist.world > 1:
+        raise ValueError("muarl pretrain runs in one process (the stream is played by it)")
+    run = open_run(config, dist)
+    start = replace(config, model=_initial_model(config, run.out))
+    model, _, tokenizer = load_trainable(start, str(dist.device), run.resume_from)
+    model.train()
+    params = trainable_parameters(model)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine(s, config.steps, config.warmup_steps))
+    history: list[dict[str, Any]] = []
+    if run.resume_from is not None:
+        state = load_trainer_state(run.resume_from, dist)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["scheduler"])
+        history = state["metrics"]
+    trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=True, name="pretrain")
+    stream = ConversationStream(config, run.out / "stream")
+    probes = probe_records(config.domains, config.probe_conversations, run.out, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    precision = autocast(config.bf16, params[0].device)
+    formats: dict[str, Any] = {}
+    from muarl.train.sft import _bar
+
+    try:
+        with _bar(progress, config.steps, run.start_step) as advance:
+            for step in range(run.start_step, config.steps):
+                began = time.perf_counter()
+                examples = step_examples(stream, step, config, tokenizer, formats)
+                targets = sum(sum(e.mask[1:]) for e in examples)
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum, _, _ = accumulate_gradients(model, examples, targets, config.max_len, True, pad,
+                                                      precision)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+                optimizer.step()
+                schedule.step()
+                record: dict[str, Any] = {
+                    "step": step + 1, "loss": loss_sum / max(targets, 1), "lr": schedule.get_last_lr()[0],
+                    "grad_norm": grad_norm, "target_tokens": targets,
+                    "conversations": (step + 1) * config.batch_size,
+                    "tokens_per_s": sum(len(e) for e in examples) / (time.perf_counter() - began)}
+                last = step + 1 == config.steps
+                if (config.probe_every and (step + 1) % config.probe_every == 0) or last:
+                    record.update(copy_probe(model, tokenizer, probes))
+                    _write_probes(run.out, history + [record])
+                history.append(record)
+                trackers.log(record, step + 1)
+                advance(record)
+                if (config.save_every and (step + 1) % config.save_every == 0) or last:
+                    save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
+                                    {"step": step + 1, "optimizer": optimizer.state_dict(),
+                                     "scheduler": schedule.state_dict(), "metrics": history},
+                                    keep=config.keep_checkpoints)
+    finally:
+        trackers.close()
+    checkpoint = save_final(run.out, model, tokenizer, config.merge_lora)
+    probed = [r for r in history if "copy_accuracy" in r]
+    return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history,
+            "copy_accuracy": probed[-1]["copy_accuracy"] if probed else None}
+
+
+def _write_probes(out: Path, history: list[dict[str, Any]]) -> None:
+    """``out/copy_probe.jsonl``: the copy-probe curve so far, rewritten whole (a resumed run never repeats a line)."""
+    lines = [json.dumps({k: r[k] for k in ("step", "probe_loss", "copy_accuracy")}) for r in history
+             if "copy_accuracy" in r]
+    tmp = out / "copy_probe.jsonl.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.replace(out / "copy_probe.jsonl")
