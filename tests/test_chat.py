@@ -49,7 +49,7 @@ def test_fuzz_parser_never_raises():
         assert all(isinstance(c.arguments, dict) for c in parsed.tool_calls)
 
 
-@pytest.fixture(scope="module", params=["tiny", "smollm2", "tiny-compact"])
+@pytest.fixture(scope="module", params=["tiny-random", "smollm2", "tiny-compact"])
 def tokenizer(request):
     """The embedded model's template, SmolLM2's (no tool support), and the embedded one's compact prompt."""
     from muarl.tiny_model import chat_template
@@ -74,7 +74,7 @@ def test_tools_reach_the_model_with_or_without_native_support(tokenizer):
         system = text[:text.index("<|im_end|>")]
         assert system == "<|im_start|>system\ntools: " + ", ".join(t.spec.name for t in retail.tools)
         assert retail.policy.splitlines()[0] not in text and schema not in text
-        full = ChatFormat(load("tiny")[1], [t.spec for t in retail.tools])
+        full = ChatFormat(load("tiny-random")[1], [t.spec for t in retail.tools])
         assert len(chat.encode(text)) < len(full.encode(full.render(traj.messages))) / 2
     else:
         assert "cancel_pending_order" in text and retail.policy.splitlines()[0] in text and schema in text

@@ -26,39 +26,56 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     done = _muarl("demo", "--preset", "smoke", "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
-    for stage in ("model", "synth", "sft-prefix", "sft", "grpo"):
-        assert (out / stage / "DONE").exists(), stage
-    # the openings stage trained on exact prefixes, and whole-conversation SFT started from its model
-    openings = (out / "sft-prefix" / "openings.jsonl").read_text().splitlines()
-    whole = (out / "synth" / "sft_used.jsonl").read_text().splitlines()
-    assert len(openings) == len(whole) == PRESETS["smoke"].sft_conversations
-    first, full = json.loads(openings[0]), json.loads(whole[0])
-    n = len(first["messages"])
-    assert first["messages"] == full["messages"][:n] and n < len(full["messages"])
-    assert json.loads((out / "sft" / "config.json").read_text())["model"] == str(out / "sft-prefix" / "model")
+    assert (out / "grpo" / "DONE").exists()
+    assert not (out / "synth").exists() and not (out / "sft").exists()  # the shipped base is the cold start
+    grpo_config = json.loads((out / "grpo" / "config.json").read_text())
+    assert Path(grpo_config["model"]).parent.name == "muarl" and Path(grpo_config["model"]).name == "base"
     summary = json.loads((out / "summary.json").read_text())
     smoke = PRESETS["smoke"]
     for name in ("eval-sft", "eval-rl"):
         results = json.loads((out / name / "results.json").read_text())
         assert results["metrics"]["episodes"] == smoke.eval_tasks * smoke.eval_k
         assert summary[name.split("-")[1]] == results["metrics"]
+    comparison = json.loads((out / "comparison.json").read_text())
+    pass1 = next(m for m in comparison["metrics"] if m["metric"] == "pass^1")
+    assert pass1["tasks"] == smoke.eval_tasks and pass1["low"] <= pass1["diff"] <= pass1["high"]
+    assert summary["comparison"]["pass^1"] == [pass1["diff"], pass1["low"], pass1["high"]]
+    assert (out / "changed.md").read_text().startswith("# Held-out conversations that changed with RL")
     grpo = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in grpo] == list(range(1, smoke.grpo_steps + 1))
     assert all("reward" in r and "violation_rate" in r for r in grpo)
-    sft = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
-    assert sft and all(r["loss"] > 0 for r in sft)
-    for plot in ("sft_loss.png", "grpo_dynamics.png", "eval.png"):
+    for plot in ("cold_start.png", "grpo_dynamics.png", "eval.png"):
         assert (out / "plots" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report.html").stat().st_size > 10_000
-    assert "SFT only" in done.stdout and "after RL" in done.stdout
+    assert "cold start" in done.stdout and "after RL" in done.stdout and "95% interval" in done.stdout
 
     # a rerun finds every stage done: nothing is trained or played again and the summary is the same
-    files = ["sft/metrics.jsonl", "grpo/metrics.jsonl", "eval-sft/trajectories.jsonl", "eval-rl/trajectories.jsonl",
+    files = ["grpo/metrics.jsonl", "eval-sft/trajectories.jsonl", "eval-rl/trajectories.jsonl",
              "grpo/model/model.safetensors"]
     before = {f: (out / f).read_bytes() for f in files}
     again = run_demo(out, "smoke", progress=False)
     assert {f: (out / f).read_bytes() for f in files} == before
     assert again["sft"] == summary["sft"] and again["rl"] == summary["rl"]
+
+
+@pytest.mark.slow
+def test_scratch_demo_trains_its_own_cold_start_first(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = _muarl("demo", "--preset", "smoke-scratch", "--out", str(out), "--quiet", "--stop-after", "eval-sft")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for stage in ("model", "synth", "sft-prefix", "sft"):
+        assert (out / stage / "DONE").exists(), stage
+    # the openings stage trained on exact prefixes, and whole-conversation SFT started from its model
+    openings = (out / "sft-prefix" / "openings.jsonl").read_text().splitlines()
+    whole = (out / "synth" / "sft_used.jsonl").read_text().splitlines()
+    assert len(openings) == len(whole) == PRESETS["smoke-scratch"].sft_conversations
+    first, full = json.loads(openings[0]), json.loads(whole[0])
+    n = len(first["messages"])
+    assert first["messages"] == full["messages"][:n] and n < len(full["messages"])
+    assert json.loads((out / "sft" / "config.json").read_text())["model"] == str(out / "sft-prefix" / "model")
+    sft = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert sft and all(r["loss"] > 0 for r in sft)
+    assert (out / "eval-sft" / "results.json").exists() and not (out / "grpo").exists()
 
 
 def test_demo_refuses_other_settings_in_the_same_directory(tmp_path: Path) -> None:
@@ -79,15 +96,16 @@ def test_demo_model_takes_the_head_shape_from_its_config(tmp_path: Path) -> None
 
     from muarl.demo import build_model
 
-    default = AutoConfig.from_pretrained(build_model(tmp_path / "a", PRESETS["default"], seed=0))
-    wide = AutoConfig.from_pretrained(build_model(tmp_path / "b", replace(PRESETS["default"], head_dim=64, kv_heads=4), seed=0))
+    scratch = replace(PRESETS["default"], base="scratch")
+    default = AutoConfig.from_pretrained(build_model(tmp_path / "a", scratch, seed=0))
+    wide = AutoConfig.from_pretrained(build_model(tmp_path / "b", replace(scratch, head_dim=64, kv_heads=4), seed=0))
     assert (default.head_dim, default.num_key_value_heads) == (16, 2)
     assert (wide.head_dim, wide.num_key_value_heads, wide.hidden_size) == (64, 4, default.hidden_size)
 
 
 def test_stop_after_ends_the_run_there_and_recipe_flags_reach_the_config(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    done = _muarl("demo", "--preset", "smoke", "--out", str(out), "--quiet", "--stop-after", "synth",
+    done = _muarl("demo", "--preset", "smoke-scratch", "--out", str(out), "--quiet", "--stop-after", "synth",
                   "--head-dim", "32", "--kv-heads", "1", "--prompt", "full", "--sft-epochs", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "stopped after synth" in done.stdout
@@ -95,7 +113,7 @@ def test_stop_after_ends_the_run_there_and_recipe_flags_reach_the_config(tmp_pat
     assert not (out / "sft-prefix").exists() and not (out / "sft").exists() and not (out / "summary.json").exists()
     settings = json.loads((out / "demo.json").read_text())
     assert (settings["head_dim"], settings["kv_heads"], settings["prompt"], settings["sft_epochs"]) == (32, 1, "full", 3)
-    assert settings["prefix_calls"] == PRESETS["smoke"].prefix_calls  # not given: the preset's
+    assert settings["prefix_calls"] == PRESETS["smoke-scratch"].prefix_calls  # not given: the preset's
     model = json.loads((out / "model" / "config.json").read_text())
     assert (model["head_dim"], model["num_key_value_heads"]) == (32, 1)
     bad = _muarl("demo", "--preset", "smoke", "--out", str(tmp_path / "x"), "--stop-after", "nope")

@@ -79,7 +79,7 @@ def _run(policy, domain, tasks, group, user, concurrency=64, **config):
 
 
 def test_tiny_model_episodes_are_token_exact_and_compute_each_token_once():
-    policy = HFPolicy("tiny", temperature=1.0, max_new_tokens=48, seed=3)
+    policy = HFPolicy("tiny-random", temperature=1.0, max_new_tokens=48, seed=3)
     hook = bias_end_of_turn(policy.model, policy.tokenizer, 6.0)
     try:
         trajectories = []
@@ -109,7 +109,7 @@ def test_group_members_sample_differently_but_reproducibly():
     tasks = domain.tasks("test")[:2]
 
     def run():
-        policy = HFPolicy("tiny", temperature=1.0, max_new_tokens=16, seed=11)
+        policy = HFPolicy("tiny-random", temperature=1.0, max_new_tokens=16, seed=11)
         return _run(policy, domain, tasks, 4, TalkativeUser(1))
 
     a, b = run(), run()
@@ -122,7 +122,7 @@ def _batched_and_alone(temperature: float, bias: float, replies: int, reuse_slot
     domain = get_domain("airline")
     outs, engines = [], []
     for concurrency in (64, 1):
-        policy = HFPolicy("tiny", temperature=temperature, max_new_tokens=24, seed=0)
+        policy = HFPolicy("tiny-random", temperature=temperature, max_new_tokens=24, seed=0)
         policy.engine.reuse_slots = reuse_slots
         hook = bias_end_of_turn(policy.model, policy.tokenizer, bias)
         outs.append(_run(policy, domain, domain.tasks("test")[:8], 2, TalkativeUser(replies), concurrency=concurrency))
@@ -157,10 +157,10 @@ def test_without_slot_reuse_every_join_and_finish_rebuilds_the_batch():
 def test_context_and_turn_limits_end_the_episode():
     domain = get_domain("retail")
     task = domain.tasks("test")[0]
-    policy = HFPolicy("tiny", temperature=1.0, max_new_tokens=8, seed=0)
+    policy = HFPolicy("tiny-random", temperature=1.0, max_new_tokens=8, seed=0)
     [traj] = _run(policy, domain, [task], 1, TalkativeUser(5))
     assert traj.stop_reason == "turn_token_limit" and sum(traj.loss_mask) == 8
-    small = HFPolicy("tiny", temperature=1.0, max_new_tokens=64, max_context=100, seed=0)
+    small = HFPolicy("tiny-random", temperature=1.0, max_new_tokens=64, max_context=100, seed=0)
     [traj] = _run(small, domain, [task], 1, TalkativeUser(5))
     assert traj.stop_reason == "context_limit"
 

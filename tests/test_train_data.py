@@ -13,7 +13,7 @@ from muarl.train.packing import collate, plan_rows, token_loss
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load("tiny")
+    return load("tiny-random")
 
 
 def _examples(tokenizer, n=4):
@@ -92,7 +92,7 @@ def test_segment_attention_gives_the_block_diagonal_masks_loss_and_gradient():
 
     from muarl.train.data import Example
 
-    model = load("tiny")[0]
+    model = load("tiny-random")[0]
     rng = random.Random(0)
     examples = [Example(ids=[rng.randrange(4096) for _ in range(n)], mask=[0] * (n // 2) + [1] * (n - n // 2))
                 for n in (300, 500, 200, 650)]

@@ -1,16 +1,17 @@
-"""``muarl demo``: the whole MUA-RL recipe on a CPU, from random weights to an agent RL made better.
+"""``muarl demo``: MUA-RL on a CPU, from the shipped cold-start base to an agent RL made better.
 
 Top to bottom, each stage in its own folder of the run directory:
 
-1. ``model/``: build the embedded tiny Qwen3 model (random init) and its BPE tokenizer.
-2. ``synth/``: the expert teacher plays training tasks against the scripted user; clean wins become
-   the cold-start data set.
-3. ``sft/``: supervised fine-tuning on it (loss on the agent's tokens only); with ``prefix_calls``, first
-   ``sft-prefix/``: the same on the conversations' openings, where copying ids is learned far sooner.
-4. ``eval-sft/``: the SFT model on held-out test tasks, ``k`` sampled trials each.
-5. ``grpo/``: GRPO from the SFT model with the scripted user in every rollout.
-6. ``eval-rl/``: the RL model on the same test tasks, same users, same trials.
-7. ``summary.json``, ``plots/`` and ``report.html``: the table it prints, the curves, the viewer.
+1. ``model/``: the starting model. By default the shipped base (``hf:tiny``, trained by ``muarl
+   pretrain`` on an unlimited stream of expert conversations: it copies identifiers; docs/base_model.md).
+   With ``base="scratch"`` the older recipe instead: the embedded model from random weights, then
+   ``synth/`` (the expert teacher against the scripted user; clean wins), ``sft-prefix/`` (optional, SFT
+   on the conversations' openings) and ``sft/`` (SFT on whole conversations).
+2. ``eval-sft/``: the cold start on held-out test tasks, ``k`` sampled trials each.
+3. ``grpo/``: GRPO from it with the scripted user in every rollout.
+4. ``eval-rl/``: the RL model on the same test tasks, same users, same trials.
+5. ``summary.json``, ``comparison.json`` (paired bootstrap intervals, as ``muarl compare``),
+   ``changed.md`` (held-out conversations that changed), ``plots/`` and ``report.html``.
 
 The domain is ``retail-lite`` (retail narrowed to cancelling and returning, with terse tools), which is
 what makes conversations short enough to learn on two cores. Evaluation samples at the training
@@ -36,7 +37,8 @@ class DemoConfig:
     """Every knob of the demo; :data:`PRESETS` holds the default run (timed in the README) and the smoke run."""
 
     domain: str = "retail-lite"
-    # the embedded model
+    base: str = "shipped"  # shipped: start from the packaged cold-start base; scratch: random weights + synth + SFT
+    # the embedded model (base="scratch")
     hidden_size: int = 64
     layers: int = 2
     heads: int = 4
@@ -60,6 +62,9 @@ class DemoConfig:
     group_size: int = 8
     grpo_lr: float = 3e-4
     kl_beta: float = 0.001
+    num_iterations: int = 1  # optimizer steps per batch of rollouts (GRPO's mu)
+    dynamic_sampling: bool = False  # DAPO: refill the update with groups that have a learning signal
+    mask_truncated: bool = False  # DAPO's overlong filtering: run-on episodes stay out of the gradient
     penalize_violations: bool = True
     max_new_tokens: int = 200
     max_turns: int = 16
@@ -71,10 +76,13 @@ class DemoConfig:
 
 PRESETS: dict[str, DemoConfig] = {
     "default": DemoConfig(),
-    # smoke also runs the copying recipe's stages (compact prompt, openings first, fresh ids), briefly
-    "smoke": DemoConfig(prompt="compact", prefix_calls=2, prefix_epochs=1, fresh_ids=True,
-                        sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2,
-                        tasks_per_step=2, group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4, eval_k=2),
+    # smoke: every stage of the default run, briefly (CI runs it)
+    "smoke": DemoConfig(grpo_steps=2, tasks_per_step=2, group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4,
+                        eval_k=2),
+    # smoke-scratch: the from-random-weights recipe's stages (compact prompt, openings first, fresh ids), briefly
+    "smoke-scratch": DemoConfig(base="scratch", prompt="compact", prefix_calls=2, prefix_epochs=1, fresh_ids=True,
+                                sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2, tasks_per_step=2,
+                                group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4, eval_k=2),
 }
 
 
@@ -86,13 +94,18 @@ def _mark(folder: Path, **info: Any) -> None:
     (folder / "DONE").write_text(json.dumps(info) + "\n")
 
 
+BASES = ("shipped", "scratch")
+
+
 def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
-    """Stage 1: the tiny model, random weights from ``seed``."""
+    """Stage 1: the shipped base, or (``base="scratch"``) the tiny model from random weights of ``seed``."""
     from transformers import AutoTokenizer
 
-    from muarl.models import tiny_path
+    from muarl.models import base_path, tiny_path
     from muarl.tiny_model import TinyConfig, build
 
+    if config.base == "shipped":
+        return base_path()
     folder = out / "model"
     if not _done(folder):
         if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
@@ -166,7 +179,8 @@ def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: b
                               kl_beta=config.kl_beta, temperature=config.temperature,
                               max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
                               penalize_violations=config.penalize_violations, seed=seed, save_every=2,
-                              gradient_checkpointing=False,  # a tiny model's activations fit; no recompute
+                              num_iterations=config.num_iterations, dynamic_sampling=config.dynamic_sampling,
+                              mask_truncated=config.mask_truncated,
                               report_to="tensorboard"), progress=progress)
         _mark(folder)
     return folder / "model"
@@ -189,6 +203,49 @@ def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: 
     return result.metrics
 
 
+def compare_evaluations(out: Path) -> dict[str, Any]:
+    """``comparison.json``: after RL minus cold start per metric, paired over tasks with 95% bootstrap intervals."""
+    from muarl.compare import compare_runs, load_run
+
+    comparison = compare_runs(load_run(out / "eval-sft"), load_run(out / "eval-rl"))
+    (out / "comparison.json").write_text(json.dumps(comparison, indent=1) + "\n")
+    return comparison
+
+
+def _conversation(traj: Any) -> str:
+    lines = []
+    for m in traj.messages[1:]:
+        calls = "; ".join(f"{c.name}({json.dumps(c.arguments)})" for c in m.tool_calls)
+        text = (m.content or "").strip().replace("\n", " ")
+        lines.append(f"- **{m.role}**: {text}" + (f" `{calls}`" if calls else ""))
+    return "\n".join(lines)
+
+
+def changed_conversations(out: Path, shown: int = 3) -> Path:
+    """``changed.md``: held-out episodes that changed outcome with RL, before and after, same task and same
+    user seed (the same trial of the same task), the ones RL fixed first."""
+    from muarl.compare import load_run
+
+    before, after = load_run(out / "eval-sft"), load_run(out / "eval-rl")
+    pairs = []
+    for group_a, group_b in zip(before.trajectories, after.trajectories, strict=False):
+        for a, b in zip(group_a, group_b, strict=False):
+            ra, rb = (t.reward.reward if t.reward else 0.0 for t in (a, b))
+            if ra != rb and a.task_id == b.task_id:
+                pairs.append((rb - ra, a, b))
+    pairs.sort(key=lambda p: -p[0])
+    fixed = sum(p[0] > 0 for p in pairs)
+    parts = [f"# Held-out conversations that changed with RL\n\n{fixed} episodes went from failure to success, "
+             f"{len(pairs) - fixed} the other way (same task, same user seed, before and after).\n"]
+    for gain, a, b in pairs[:shown]:
+        parts.append(f"## {a.task_id}: {'fixed' if gain > 0 else 'broken'} by RL\n\n### cold start "
+                     f"(reward {a.reward.reward if a.reward else 0:.0f})\n\n{_conversation(a)}\n\n### after RL "
+                     f"(reward {b.reward.reward if b.reward else 0:.0f})\n\n{_conversation(b)}\n")
+    path = out / "changed.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
 ROWS = (("success (pass^1)", "pass^1"), ("pass^k", None), ("TCR", "tcr"), ("avg turns", "avg_turns"),
         ("violation rate", "violation_rate"), ("malformed calls / episode", "malformed_calls"))
 
@@ -197,14 +254,18 @@ def _value(metrics: dict[str, Any], key: str | None, k: int) -> float:
     return float(metrics.get(key or f"pass^{k}") or 0.0)
 
 
-def table(before: dict[str, Any], after: dict[str, Any], k: int) -> Table:
-    """SFT only vs after RL, metric by metric."""
-    t = Table(title="held-out test tasks: SFT only vs after GRPO")
-    for col in ("metric", "SFT only", "after RL", "change"):
+def table(before: dict[str, Any], after: dict[str, Any], k: int,
+          comparison: dict[str, Any] | None = None) -> Table:
+    """Cold start vs after RL, metric by metric, with the paired 95% interval of the change where known."""
+    intervals = {m["metric"]: m for m in (comparison or {}).get("metrics", [])}
+    t = Table(title="held-out test tasks: cold start vs after GRPO")
+    for col in ("metric", "cold start", "after RL", "change", "95% interval"):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for label, key in ROWS:
         a, b = _value(before, key, k), _value(after, key, k)
-        t.add_row(label.replace("pass^k", f"pass^{k}"), f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}")
+        m = intervals.get(key or f"pass^{k}")
+        t.add_row(label.replace("pass^k", f"pass^{k}"), f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}",
+                  f"[{m['low']:+.3f}, {m['high']:+.3f}]" if m else "")
     return t
 
 
@@ -225,11 +286,20 @@ def plot(out: Path) -> list[Path]:
         return [r["step"] for r in rows], [r[key] for r in rows]
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(*series(out / "sft" / "metrics.jsonl", "loss"))
-    ax.set(title="SFT: loss on agent tokens", xlabel="optimizer step", ylabel="cross-entropy")
+    if (out / "sft" / "metrics.jsonl").exists():
+        ax.plot(*series(out / "sft" / "metrics.jsonl", "loss"))
+        ax.set(title="SFT: loss on agent tokens", xlabel="optimizer step", ylabel="cross-entropy")
+    else:  # the shipped base: its pretraining curve travels with it
+        from muarl.models import base_path
+
+        curve = base_path() / "curve.jsonl"
+        ax.plot(*series(curve, "loss"), label="loss on agent tokens")
+        ax.plot(*series(curve, "copy_accuracy"), label="held-out copy accuracy", marker="o", markersize=3)
+        ax.set(title="cold-start base: muarl pretrain", xlabel="optimizer step")
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "sft_loss.png", dpi=110)
-    written.append(folder / "sft_loss.png")
+    fig.savefig(folder / "cold_start.png", dpi=110)
+    written.append(folder / "cold_start.png")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -271,6 +341,8 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r}; choose from {', '.join(PRESETS)}")
     config = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    if config.base not in BASES:
+        raise ValueError(f"unknown demo base {config.base!r}; choose from {', '.join(BASES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     recorded = out / "demo.json"
@@ -297,10 +369,12 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
 
     try:
         model = stage("model", build_model, out, config, seed)
-        data = stage("synth", synthesize_data, out, config, seed)
-        if config.prefix_calls or stop_after == "sft-prefix":
-            model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
-        sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
+        sft_model = model
+        if config.base == "scratch":
+            data = stage("synth", synthesize_data, out, config, seed)
+            if config.prefix_calls or stop_after == "sft-prefix":
+                model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
+            sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
         before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
         rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)
         after = stage("eval-rl", evaluate_model, out, "eval-rl", config, rl_model, seed, progress)
@@ -310,7 +384,10 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     summary = {"preset": preset, "seed": seed, "domain": config.domain, "k": config.eval_k,
                "eval_tasks": config.eval_tasks, "sft": before, "rl": after, "seconds": clock,
                "total_seconds": round(sum(clock.values()), 1)}
+    comparison = compare_evaluations(out)
+    summary["comparison"] = {m["metric"]: [m["diff"], m["low"], m["high"]] for m in comparison["metrics"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    changed = changed_conversations(out)
     plot(out)
     try:
         from muarl.report.html import build_report
@@ -318,8 +395,9 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
         build_report(out / "grpo", out / "report.html")
     except Exception as err:  # the report is a convenience: never lose a finished demo over it
         console.print(f"[yellow]report not written: {err}")
-    console.print(table(before, after, config.eval_k))
-    console.print(f"total {summary['total_seconds']:.0f} s; run directory {out} (plots/, report.html, summary.json)")
+    console.print(table(before, after, config.eval_k, comparison))
+    console.print(f"total {summary['total_seconds']:.0f} s; run directory {out} (plots/, report.html, summary.json, "
+                  f"{changed.name}: held-out conversations RL changed)")
     return summary
 
 
@@ -328,12 +406,16 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("demo", help="the whole pipeline on the CPU: tiny model, synth, SFT, GRPO, held-out eval",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                   help="default (about 20 minutes on 2 cores) or smoke (every stage in under 2 minutes)")
+                   help="default (about 20 minutes on 2 cores), smoke (every stage in under 2 minutes) or "
+                        "smoke-scratch (the from-random-weights stages, briefly)")
+    p.add_argument("--base", choices=BASES, help="shipped: start from the packaged cold-start base (default); "
+                                                 "scratch: random weights, synth and SFT first")
     p.add_argument("--out", default="runs/demo", help="run directory (rerun the same command to resume)")
     p.add_argument("--seed", type=int, default=0, help="seeds the model init, data order, sampling and users")
     p.add_argument("--grpo-steps", type=int, help="override the preset's GRPO steps")
     p.add_argument("--eval-tasks", type=int, help="override how many test tasks are evaluated")
-    recipe = p.add_argument_group("the model and SFT recipe (README, \"The CPU demo\"; default: the preset's)")
+    recipe = p.add_argument_group("with --base scratch: the model and SFT recipe (docs/research/; default: the "
+                                  "preset's)")
     recipe.add_argument("--head-dim", type=int, help="attention head width (0: hidden size / heads)")
     recipe.add_argument("--kv-heads", type=int, help="key/value heads (0: heads / 2)")
     recipe.add_argument("--prompt", choices=["full", "compact"], help="the chat template's system turn")
@@ -347,7 +429,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def run(args: Any) -> int:
-        knobs = ("grpo_steps", "eval_tasks", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
+        knobs = ("base", "grpo_steps", "eval_tasks", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
                  "fresh_ids", "sft_epochs", "sft_batch")
         run_demo(args.out, args.preset, args.seed, progress=not args.quiet, stop_after=args.stop_after,
                  **{k: getattr(args, k) for k in knobs})

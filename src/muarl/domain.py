@@ -151,7 +151,7 @@ _REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
 #: name prefixes served by muarl.bridges.<prefix> (tau2-bench and BFCL domains, optional extras; MCP servers)
 _BRIDGES = ("tau2:", "bfcl:", "mcp:")
 _BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom",
-             "retail-lite": "muarl.domains.retail_lite"}
+             "retail-lite": "muarl.domains.retail_lite", "retail-lite-forgetful": "muarl.domains.retail_lite"}
 
 
 def register(domain: Domain | Callable[[], Domain], name: str | None = None) -> None:

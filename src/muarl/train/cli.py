@@ -69,7 +69,8 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 
 
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
-              "penalize_violations", "num_iterations"]
+              "penalize_violations", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
+              "zero_advantage_kl", "gradient_checkpointing"]
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
@@ -168,4 +169,17 @@ def add_commands(sub: Any) -> None:
     _add(grpo, "--num-iterations", type=int,
          help="optimizer steps on each step's rollouts (GRPO's mu, default 1); above 1 the rollouts are reused "
               "and the clip bounds each step")
+    _add(grpo, "--mask-truncated", dest="mask_truncated", action="store_const", const=True,
+         help="leave episodes cut at the per-turn token limit out of the gradient (DAPO's overlong filtering); "
+              "they still count as failures in their group's advantages")
+    _add(grpo, "--no-shared-prefix", dest="shared_prefix", action="store_const", const=False,
+         help="run every sequence whole in the reference pass and the update (default: the batch's shared "
+              "opening, the system turn, is computed once; same result, less work)")
+    _add(grpo, "--no-skip-zero-advantage", dest="skip_zero_advantage", action="store_const", const=False,
+         help="run zero-advantage sequences too (default: skipped when their KL term is 0, which changes nothing)")
+    _add(grpo, "--zero-advantage-kl", type=float,
+         help="also skip zero-advantage sequences whose kl_beta * mean KL is at most this (an approximation; "
+              "default 0: only exact skips)")
+    _add(grpo, "--gradient-checkpointing", dest="gradient_checkpointing", action=argparse.BooleanOptionalAction,
+         default=None, help="recompute activations in backward (default: by need; never on the CPU)")
     grpo.set_defaults(func=_grpo_cmd)

@@ -81,6 +81,9 @@ class GRPOConfig(RunSettings):
     max_rollout_batches: int = 4  # with dynamic_sampling: batches of tasks_per_step tasks played per step, at most
     mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
     penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
+    # DAPO's overlong filtering: episodes cut at the per-turn token limit stay out of the gradient (they still
+    # count, as failures, in their group's advantages), so their run-on tokens cannot dominate the token-mean
+    mask_truncated: bool = False
     # recompute activations in backward (bounded memory, a second forward's time); None: by need, see
     # set_checkpointing (never on the CPU; on a GPU when the micro-batch's activations would not fit well)
     gradient_checkpointing: bool | None = None
@@ -438,7 +441,9 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             groups, rewards, keep, cursor = collect_groups(play, order, cursor, config)
             rollout_s = time.perf_counter() - began
             advantages = algorithm.advantages(rewards)
-            masked = [[config.mask_sim_faults and (t.sim_fault or t.tool_fault) for t in group] for group in groups]
+            masked = [[(config.mask_sim_faults and (t.sim_fault or t.tool_fault))
+                       or (config.mask_truncated and t.stop_reason == "turn_token_limit") for t in group]
+                      for group in groups]
             trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not masked[g][m] for m, t in enumerate(group)]
                        for g, group in enumerate(groups)]
             batch = [(g, t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)

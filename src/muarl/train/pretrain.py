@@ -107,7 +107,9 @@ class ConversationStream:
         with tempfile.TemporaryDirectory(dir=self.folder) as tmp:
             synthesize([fresh], make_policy("expert"), make_user("scripted"), Path(tmp), split="train",
                        exclude_behaviours=self.config.exclude_behaviours or None, seed=seed, progress=False)
-            lines = [line for line in (Path(tmp) / "sft.jsonl").read_text(encoding="utf-8").splitlines() if line]
+            owners = {t.id: t.user_id for t in fresh._tasks}  # recorded, so a test can check who was played
+            lines = [json.dumps({**record, "user_id": owners[record["task_id"]]}, ensure_ascii=False)
+                     for record in map(json.loads, (Path(tmp) / "sft.jsonl").read_text(encoding="utf-8").splitlines())]
         if not lines:
             raise ValueError(f"chunk {c} of {domain.name} kept no conversation: the expert won no task")
         random.Random(f"stream:{seed}").shuffle(lines)

@@ -10,12 +10,13 @@ on two CPU cores learn whole conversations in minutes. Narrow another domain wit
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
 from typing import Any
 
 from muarl.domain import Domain, get_domain, register
-from muarl.taskgen import Family, generate
+from muarl.taskgen import Draft, Family, generate
 from muarl.tools import Tool
 from muarl.types import Task
 
@@ -96,10 +97,47 @@ def narrow(base: Domain, name: str, policy: str, tools: Mapping[str, tuple[str, 
         build_tasks=build_tasks, task_counts=dict(counts), tasks_file=None, base=base.base or base.name)
 
 
+def forgetful(family: Family, remember: float) -> Family:
+    """``family`` played by a population of which only ``remember`` (a share) recall their account's email.
+
+    The retail families give 70% of users their email; this drops it from more of them (the same draws
+    otherwise: same orders, reasons, items), so the agent must find them by name and zip code. Used to
+    give RL users who behave otherwise than the cold start's (``retail-lite-forgetful``).
+    """
+    from muarl.domains.retail.tasks import _who
+
+    def draft(rng: random.Random, db: Any, user_id: str) -> Draft | None:
+        made = family(rng, db, user_id)
+        if made is None or "email" not in made.scenario.known or rng.random() < remember / 0.7:
+            return made
+        known = {k: v for k, v in made.scenario.known.items() if k != "email"}
+        scenario = made.scenario.model_copy(update={
+            "known": known, "withheld": [w for w in made.scenario.withheld if w != "email"]})
+        instruction = made.instruction.replace(_who(made.scenario.known), _who(known))
+        return dataclasses.replace(made, scenario=scenario, instruction=instruction)
+
+    return draft
+
+
 def build() -> Domain:
     return narrow(get_domain("retail"), "retail-lite", POLICY, TOOLS, FAMILIES,
                   counts={"train": 400, "dev": 40, "test": 100},
                   description="Retail narrowed to cancelling and returning (five terse tools): the CPU demo.")
 
 
+#: share of retail-lite-forgetful's users who remember their email (retail-lite: 70%)
+FORGETFUL_REMEMBER = 0.25
+
+
+def build_forgetful() -> Domain:
+    from muarl.domains.retail.tasks import FAMILIES as RETAIL
+
+    table = {name: (RETAIL[name][0], forgetful(RETAIL[name][1], FORGETFUL_REMEMBER)) for name in FAMILIES}
+    return narrow(get_domain("retail"), "retail-lite-forgetful", POLICY, TOOLS, FAMILIES,
+                  counts={"train": 400, "dev": 40, "test": 100}, family_table=table,
+                  description="retail-lite with users who mostly forgot their email (25% remember, not 70%): "
+                              "the CPU demo's RL and held-out tasks, where the cold start's habits fail.")
+
+
 register(build, name="retail-lite")
+register(build_forgetful, name="retail-lite-forgetful")
