@@ -71,12 +71,10 @@ class Rollout:
 
 
 def demo_model(device: str) -> tuple[Any, Any]:
-    """The demo's starting model (the shipped base when there is one, else a new model of its shape)."""
-    from muarl.demo import PRESETS, build_model
+    """The demo's starting model: the shipped base."""
     from muarl.models import load
 
-    folder = Path(tempfile.mkdtemp(prefix="grpo_step_")) / "demo"
-    return load(build_model(folder, PRESETS["default"], 0), device=device)
+    return load("tiny", device=device)
 
 
 def sized_model(config: str, device: str) -> Any:
@@ -84,7 +82,7 @@ def sized_model(config: str, device: str) -> Any:
     if config == "tiny":
         from muarl.models import load
 
-        return load("tiny", device=device)[0]
+        return load("tiny-random", device=device)[0]
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     cfg = Qwen3Config(max_position_embeddings=40960, tie_word_embeddings=True, **SHAPES[config])
@@ -92,8 +90,9 @@ def sized_model(config: str, device: str) -> Any:
 
 
 def demo_rollouts(tokenizer: Any, groups: int, size: int) -> list[list[list[int]]]:
-    """(tokens, mask) of real retail-lite conversations, ``size`` members per group sharing the task's
-    opening (members differ after the first agent turn: each is another task's continuation)."""
+    """(tokens, mask) of real retail-lite conversations rendered with the base's (compact) template,
+    ``size`` members per group sharing the task's opening (members differ after the first agent turn:
+    each is another task's continuation)."""
     from muarl.domain import get_domain
     from muarl.factory import make_policy, make_user
     from muarl.synth import synthesize
@@ -162,12 +161,12 @@ def computed_positions(batch: list[tuple[Rollout, float]], config: GRPOConfig, o
     if old:  # the reference always, every sequence whole; checkpointing runs the update's forward twice
         return (sum(lengths) + 2 * sum(lengths)) / ideal
     computed = 0.0
-    ref = None
-    if config.kl_beta:
+    if config.kl_beta:  # the reference pass; and the policy has left its reference, so nothing is skipped
         opening = len(shared_opening(trajs, config))
         computed += sum(lengths) - len(trajs) * opening + opening
-        ref = [torch.tensor(t.logprobs) for t in trajs]
-    run = [t for i, (t, _) in enumerate(batch) if i not in skipped_sequences(batch, ref, config)]
+        run = trajs
+    else:
+        run = [t for i, (t, _) in enumerate(batch) if i not in skipped_sequences(batch, None, config)]
     opening = len(shared_opening(run, config))
     computed += sum(len(t.token_ids) for t in run) - len(run) * opening + (opening if run else 0)
     return computed / ideal

@@ -124,7 +124,7 @@ def shaped_policy(head_dim: int, kv_heads: int, max_new_tokens: int) -> HFPolicy
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--domain", default="retail")
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--baseline-episodes", type=int, default=16)

@@ -67,7 +67,7 @@ def build_model(config: str, device: str, vocab: int) -> Any:
     if config == "tiny":
         from muarl.models import load
 
-        return load("tiny", device=device)[0]
+        return load("tiny-random", device=device)[0]
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     dims = {"qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -132,7 +132,7 @@ def main() -> None:
 
     from muarl.models import load
 
-    tokenizer = load("tiny")[1]
+    tokenizer = load("tiny-random")[1]
     pool = conversations(tokenizer, args.lengths, per_domain=max(8, args.conversations))
     random.Random(args.seed).shuffle(pool)
     examples = pool[:args.conversations]
