@@ -232,15 +232,22 @@ def _conversation(traj: Any) -> str:
 def changed_conversations(out: Path, shown: int = 3) -> Path:
     """``changed.md``: held-out episodes that changed outcome with RL, before and after, same task and same
     user seed (the same trial of the same task), the ones RL fixed first."""
-    from muarl.compare import load_run
+    from muarl.types import Trajectory
 
-    before, after = load_run(out / "eval-sft"), load_run(out / "eval-rl")
+    def episodes(name: str) -> dict[tuple[str, int], Trajectory]:
+        lines = (out / name / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
+        trajs = [Trajectory.model_validate_json(line) for line in lines if line.strip()]
+        return {(t.task_id, t.user_seed): t for t in trajs}
+
+    before, after = episodes("eval-sft"), episodes("eval-rl")
     pairs = []
-    for group_a, group_b in zip(before.trajectories, after.trajectories, strict=False):
-        for a, b in zip(group_a, group_b, strict=False):
-            ra, rb = (t.reward.reward if t.reward else 0.0 for t in (a, b))
-            if ra != rb and a.task_id == b.task_id:
-                pairs.append((rb - ra, a, b))
+    for key, a in before.items():  # the same task played with the same user seed: the same trial
+        b = after.get(key)
+        if b is None:
+            continue
+        ra, rb = (t.reward.reward if t.reward else 0.0 for t in (a, b))
+        if ra != rb:
+            pairs.append((rb - ra, a, b))
     pairs.sort(key=lambda p: -p[0])
     fixed = sum(p[0] > 0 for p in pairs)
     parts = [f"# Held-out conversations that changed with RL\n\n{fixed} episodes went from failure to success, "

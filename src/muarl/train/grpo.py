@@ -225,6 +225,11 @@ def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory,
     return ref
 
 
+def _kl(traj: Trajectory, ref: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 KL of a trajectory's sampling log-probs to the reference's (float rounding below 0 is 0)."""
+    return k3_kl(torch.tensor(traj.logprobs, dtype=torch.float64), ref.cpu().double()).clamp(min=0)
+
+
 def skipped_sequences(batch: list[tuple[Trajectory, float]], ref: list[torch.Tensor] | None,
                       config: GRPOConfig) -> set[int]:
     """Sequences of ``batch`` whose forward and backward the update can leave out.
@@ -244,7 +249,7 @@ def skipped_sequences(batch: list[tuple[Trajectory, float]], ref: list[torch.Ten
             skip.add(i)
             continue
         mask = torch.tensor(traj.loss_mask, dtype=torch.float)
-        kl = float((k3_kl(torch.tensor(traj.logprobs), ref[i].cpu()) * mask).sum() / mask.sum().clamp(min=1))
+        kl = float((_kl(traj, ref[i]) * mask).sum() / mask.sum().clamp(min=1))
         if config.kl_beta * kl <= config.zero_advantage_kl:
             skip.add(i)
     return skip
@@ -325,7 +330,7 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         traj = batch[i][0]
         if ref is not None and config.kl_beta:
             mask = torch.tensor(traj.loss_mask, dtype=torch.float)
-            kl = float((k3_kl(torch.tensor(traj.logprobs), ref[i].cpu()) * mask).sum()) / max(tokens, 1.0)
+            kl = float((_kl(traj, ref[i]) * mask).sum()) / max(tokens, 1.0)
             sums["kl"] += kl
             sums["loss"] += config.kl_beta * kl
     with precision:
