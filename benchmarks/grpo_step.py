@@ -161,10 +161,10 @@ def computed_positions(batch: list[tuple[Rollout, float]], config: GRPOConfig, o
     if old:  # the reference always, every sequence whole; checkpointing runs the update's forward twice
         return (sum(lengths) + 2 * sum(lengths)) / ideal
     computed = 0.0
-    if config.kl_beta:  # the reference pass; and the policy has left its reference, so nothing is skipped
+    if config.kl_beta:  # the reference pass; the policy has left its reference: only a threshold skips
         opening = len(shared_opening(trajs, config))
         computed += sum(lengths) - len(trajs) * opening + opening
-        run = trajs
+        run = [t for t, a in batch if a != 0.0 or not config.zero_advantage_kl or not config.skip_zero_advantage]
     else:
         run = [t for i, (t, _) in enumerate(batch) if i not in skipped_sequences(batch, None, config)]
     opening = len(shared_opening(run, config))
@@ -186,14 +186,14 @@ def one_step(model: Any, reference: Any, batch: list[tuple[Rollout, float]], con
 
 
 def measure(name: str, model: Any, batch: list[tuple[Rollout, float]], kl: float, repeats: int,
-            micro: int) -> dict[str, Any]:
+            micro: int, zero_advantage_kl: float = 0.0) -> dict[str, Any]:
     reference = copy.deepcopy(model).requires_grad_(False)
     with torch.no_grad():  # the policy has moved from its reference, as after the first step: the KL is not 0
         for p in reference.parameters():
             p.mul_(1 + 0.01 * torch.randn_like(p))
     old = GRPOConfig(kl_beta=kl, micro_batch_size=micro, gradient_checkpointing=True, shared_prefix=False,
                      skip_zero_advantage=False)
-    new = GRPOConfig(kl_beta=kl, micro_batch_size=micro)
+    new = GRPOConfig(kl_beta=kl, micro_batch_size=micro, zero_advantage_kl=zero_advantage_kl)
     times: dict[str, list[float]] = {"old": [], "new": []}
     for _ in range(repeats):
         for label, config in (("old", old), ("new", new)):
@@ -203,7 +203,8 @@ def measure(name: str, model: Any, batch: list[tuple[Rollout, float]], kl: float
             began = time.perf_counter()
             reference_logprobs(model, reference, batch, old)
             times["old"][_] += time.perf_counter() - began
-    row = {"setting": name, "kl": kl, "sequences": len(batch),
+    row = {"setting": name + (f", skip KL <= {zero_advantage_kl:g}" if zero_advantage_kl else ""), "kl": kl,
+           "sequences": len(batch),
            "tokens": sum(len(t.token_ids) for t, _ in batch) / len(batch)}
     for label, config in (("old", old), ("new", new)):
         row[f"{label}_s"] = statistics.median(times[label])
@@ -224,6 +225,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-demo", action="store_true", help="only the tau2-sized setting")
+    parser.add_argument("--zero-advantage-kl", type=float, default=0.0,
+                        help="also measure the KL-on setting with this skip threshold (GRPOConfig.zero_advantage_kl)")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []
@@ -236,6 +239,9 @@ def main() -> None:
     vocab = model.config.vocab_size
     rollouts = tau2_rollouts(vocab, args.groups, args.group_size, args.system_tokens, args.conversation_tokens)
     batch = with_advantages(model, rollouts, args.device)
+    if args.zero_advantage_kl:
+        rows.append(measure(f"tau2 {args.config}", model, batch, 0.001, args.repeats, args.micro_batch_size,
+                            args.zero_advantage_kl))
     for kl in (0.001, 0.0):
         rows.append(measure(f"tau2 {args.config}", model, batch, kl, args.repeats, args.micro_batch_size))
     table = Table(title=f"GRPO reference + update on {args.device}: old way vs new, same rollouts")

@@ -421,7 +421,7 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("demo", help="the whole pipeline on the CPU: tiny model, synth, SFT, GRPO, held-out eval",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                   help="default (about 20 minutes on 2 cores), smoke (every stage in under 2 minutes) or "
+                   help="default (about 15 minutes on 2 cores), smoke (every stage in under 2 minutes) or "
                         "smoke-scratch (the from-random-weights stages, briefly)")
     p.add_argument("--base", choices=BASES, help="shipped: start from the packaged cold-start base (default); "
                                                  "scratch: random weights, synth and SFT first")
