@@ -107,19 +107,16 @@ BASES = ("shipped", "scratch")
 
 def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
     """Stage 1: the shipped base, or (``base="scratch"``) the tiny model from random weights of ``seed``."""
-    from transformers import AutoTokenizer
-
-    from muarl.models import base_path, tiny_path
-    from muarl.tiny_model import TinyConfig, build
+    from muarl.models import base_path
+    from muarl.tiny_model import build_shaped
 
     if config.base == "shipped":
         return base_path()
     folder = out / "model"
     if not _done(folder):
         if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
-            shape = TinyConfig.shaped(config.hidden_size, config.layers, config.heads, config.head_dim,
-                                      config.kv_heads, seed)
-            build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=config.prompt)
+            build_shaped(folder, config.hidden_size, config.layers, config.heads, config.head_dim, config.kv_heads,
+                         seed, config.prompt)
         _mark(folder)
     return folder
 

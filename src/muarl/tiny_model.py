@@ -216,6 +216,18 @@ def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | No
     return out
 
 
+def build_shaped(out: str | Path, hidden_size: int, layers: int, heads: int, head_dim: int, kv_heads: int,
+                 seed: int, prompt: str) -> Path:
+    """:func:`build` of a model shaped by :meth:`TinyConfig.shaped`, with the tokenizer every embedded model
+    shares (the cached ``tiny-random`` model's, trained once): what the demo and ``muarl pretrain`` start from."""
+    from transformers import AutoTokenizer
+
+    from muarl.models import tiny_path
+
+    shape = TinyConfig.shaped(hidden_size, layers, heads, head_dim, kv_heads, seed)
+    return build(out, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=prompt)
+
+
 def bias_end_of_turn(model: Any, tokenizer: Any, bias: float) -> Any:
     """Add ``bias`` to the end-of-turn logit of every forward pass (returns the hook handle).
 

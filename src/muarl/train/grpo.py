@@ -231,27 +231,28 @@ def _kl(traj: Trajectory, ref: torch.Tensor) -> torch.Tensor:
 
 
 def skipped_sequences(batch: list[tuple[Trajectory, float]], ref: list[torch.Tensor] | None,
-                      config: GRPOConfig) -> set[int]:
-    """Sequences of ``batch`` whose forward and backward the update can leave out.
+                      config: GRPOConfig) -> dict[int, float]:
+    """Sequences of ``batch`` whose forward and backward the update can leave out, each with its summed
+    KL to the reference over its agent tokens (k3, from its sampling log-probs; 0 without a KL term),
+    which the update still logs.
 
     A sequence whose advantage is 0 adds nothing to the policy term's gradient; only its KL term can. It is
-    skipped when that term is off (``kl_beta`` 0), or when its mean KL to the reference (k3, from its
-    sampling log-probs) times ``kl_beta`` is at most ``config.zero_advantage_kl`` (a documented
-    approximation; 0, the default, skips only what is exact).
+    skipped when that term is off (``kl_beta`` 0), or when its mean KL times ``kl_beta`` is at most
+    ``config.zero_advantage_kl`` (a documented approximation; 0, the default, skips only what is exact).
     """
     if not config.skip_zero_advantage:
-        return set()
-    skip = set()
+        return {}
+    skip: dict[int, float] = {}
     for i, (traj, advantage) in enumerate(batch):
         if advantage != 0.0:
             continue
         if config.kl_beta == 0 or ref is None:
-            skip.add(i)
+            skip[i] = 0.0
             continue
-        mask = torch.tensor(traj.loss_mask, dtype=torch.float)
-        kl = float((_kl(traj, ref[i]) * mask).sum() / mask.sum().clamp(min=1))
-        if config.kl_beta * kl <= config.zero_advantage_kl:
-            skip.add(i)
+        mask = torch.tensor(traj.loss_mask, dtype=torch.float64)
+        kl = float((_kl(traj, ref[i]) * mask).sum())
+        if config.kl_beta * kl / max(float(mask.sum()), 1.0) <= config.zero_advantage_kl:
+            skip[i] = kl
     return skip
 
 
@@ -326,13 +327,9 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
-    for i in sorted(skip):  # what the skipped sequences add to the logged loss and KL, at their sampling log-probs
-        traj = batch[i][0]
-        if ref is not None and config.kl_beta:
-            mask = torch.tensor(traj.loss_mask, dtype=torch.float)
-            kl = float((_kl(traj, ref[i]) * mask).sum()) / max(tokens, 1.0)
-            sums["kl"] += kl
-            sums["loss"] += config.kl_beta * kl
+    for kl in skip.values():  # what the skipped sequences add to the logged loss and KL
+        sums["kl"] += kl / max(tokens, 1.0)
+        sums["loss"] += config.kl_beta * kl / max(tokens, 1.0)
     with precision:
         opening = shared_opening([batch[i][0] for i in run], config)
         shared = DetachedPrefix(record_prefix(causal_lm(model), opening)) if opening else None

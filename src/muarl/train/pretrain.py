@@ -34,7 +34,7 @@ from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.run import open_run
-from muarl.train.sft import Record, accumulate_gradients, cosine, load_records
+from muarl.train.sft import Record, accumulate_gradients, chat_format_of, cosine, load_records
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 
@@ -137,19 +137,12 @@ class ConversationStream:
 def step_examples(stream: ConversationStream, step: int, config: PretrainConfig, tokenizer: Any,
                   formats: dict[str, Any]) -> list[Example]:
     """One optimizer step's conversations, tokenized, every identifier renamed for this step."""
-    from muarl.chat import ChatFormat
     from muarl.synth import from_chat_record
-    from muarl.types import ToolSpec
 
     examples = []
     for i, record in enumerate(stream.records(step * config.batch_size, config.batch_size)):
-        key = json.dumps(record["tools"], sort_keys=True)
-        if key not in formats:
-            specs = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
-                              parameters=t["function"].get("parameters", {})) for t in record["tools"]]
-            formats[key] = ChatFormat(tokenizer, specs)
         renamed = refresh_ids(record, step_rng(config.seed, step, i))
-        examples.append(tokenize_conversation(formats[key], from_chat_record(renamed)))
+        examples.append(tokenize_conversation(chat_format_of(record, tokenizer, formats), from_chat_record(renamed)))
     return examples
 
 
@@ -200,16 +193,12 @@ def _initial_model(config: PretrainConfig, out: Path) -> str:
     """The starting checkpoint: ``config.model``, or the embedded model built (once) in ``out/init``."""
     if config.model:
         return config.model
-    from transformers import AutoTokenizer
-
-    from muarl.models import tiny_path
-    from muarl.tiny_model import TinyConfig, build
+    from muarl.tiny_model import build_shaped
 
     folder = out / "init"
     if not (folder / "config.json").exists():
-        shape = TinyConfig.shaped(config.hidden_size, config.layers, config.heads, config.head_dim,
-                                  config.kv_heads, config.seed)
-        build(folder, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=config.prompt)
+        build_shaped(folder, config.hidden_size, config.layers, config.heads, config.head_dim, config.kv_heads,
+                     config.seed, config.prompt)
     return str(folder)
 
 

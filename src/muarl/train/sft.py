@@ -70,6 +70,16 @@ class Record:
     example: Example
 
 
+def chat_format_of(record: dict[str, Any], tokenizer: Any, formats: dict[str, ChatFormat]) -> ChatFormat:
+    """The chat format of a chat-format record's tool set, built once per distinct tool set (``formats``)."""
+    key = json.dumps(record["tools"], sort_keys=True)
+    if key not in formats:
+        specs = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
+                          parameters=t["function"].get("parameters", {})) for t in record["tools"]]
+        formats[key] = ChatFormat(tokenizer, specs)
+    return formats[key]
+
+
 def load_records(paths: list[str], tokenizer: Any) -> list[Record]:
     """Read and tokenize every conversation of the data set files (one chat format per distinct tool set)."""
     formats: dict[str, ChatFormat] = {}
@@ -80,15 +90,11 @@ def load_records(paths: list[str], tokenizer: Any) -> list[Record]:
                 continue
             try:
                 record = json.loads(line)
-                key = json.dumps(record["tools"], sort_keys=True)
-                if key not in formats:
-                    specs = [ToolSpec(name=t["function"]["name"], description=t["function"].get("description", ""),
-                                      parameters=t["function"].get("parameters", {})) for t in record["tools"]]
-                    formats[key] = ChatFormat(tokenizer, specs)
-                example = tokenize_conversation(formats[key], from_chat_record(record))
+                chat = chat_format_of(record, tokenizer, formats)
+                example = tokenize_conversation(chat, from_chat_record(record))
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"{path}:{n}: not a usable chat record: {err}") from None
-            records.append(Record(record, formats[key], example))
+            records.append(Record(record, chat, example))
     if not records:
         raise ValueError(f"no conversations in {paths}")
     return records
