@@ -174,6 +174,16 @@ def test_penalize_violations_zeroes_the_reward_of_a_rule_breaking_win() -> None:
     assert careless.reward.reward == 1.0 and careless.reward.violations
     assert train_reward(careless) == 1.0 and train_reward(careless, penalize_violations=True) == 0.0
     assert train_reward(careful, penalize_violations=True) == 1.0
+    # a negative violation reward ranks the rule-breaker under a plain failure; a careful win keeps its 1
+    assert train_reward(careless, penalize_violations=True, violation_reward=-1.0) == -1.0
+    assert train_reward(careful, penalize_violations=True, violation_reward=-1.0) == 1.0
+
+
+def test_violation_reward_without_penalizing_is_refused() -> None:
+    from muarl.train.grpo import GRPOConfig
+
+    with pytest.raises(ValueError, match="--penalize-violations"):
+        GRPOConfig(violation_reward=-1.0)
 
 
 def _scored(task_id: str, reward: float, violation: bool = False):

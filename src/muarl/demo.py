@@ -74,6 +74,7 @@ class DemoConfig:
     dynamic_sampling: bool = False  # DAPO: refill the update with groups that have a learning signal
     mask_truncated: bool = True  # DAPO's overlong filtering: run-on episodes stay out of the gradient
     penalize_violations: bool = True
+    violation_reward: float = -1.0  # below a plain failure, so all-failed groups still teach the rules
     max_new_tokens: int = 200
     max_turns: int = 16
     # evaluation
@@ -183,7 +184,8 @@ def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: b
                               tasks_per_step=config.tasks_per_step, group_size=config.group_size, lr=config.grpo_lr,
                               kl_beta=config.kl_beta, temperature=config.temperature,
                               max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
-                              penalize_violations=config.penalize_violations, seed=seed, save_every=2,
+                              penalize_violations=config.penalize_violations,
+                              violation_reward=config.violation_reward, seed=seed, save_every=2,
                               num_iterations=config.num_iterations, dynamic_sampling=config.dynamic_sampling,
                               mask_truncated=config.mask_truncated,
                               report_to="tensorboard"), progress=progress)
@@ -429,6 +431,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--grpo-lr", type=float, help="override the preset's GRPO learning rate")
     p.add_argument("--num-iterations", type=int, help="optimizer steps per batch of rollouts (GRPO's mu)")
     p.add_argument("--kl-beta", type=float, help="weight of the KL term to the cold start (0: off)")
+    p.add_argument("--violation-reward", type=float,
+                   help="training reward of an episode that broke a policy rule (default -1: below a plain failure)")
     p.add_argument("--mask-truncated", action=argparse.BooleanOptionalAction, default=None,
                    help="leave episodes cut at the per-turn token limit out of the gradient (DAPO's overlong filtering)")
     p.add_argument("--eval-tasks", type=int, help="override how many test tasks are evaluated")
@@ -447,7 +451,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def run(args: Any) -> int:
-        knobs = ("base", "domain", "grpo_steps", "grpo_lr", "num_iterations", "kl_beta", "mask_truncated", "eval_tasks", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
+        knobs = ("base", "domain", "grpo_steps", "grpo_lr", "num_iterations", "kl_beta", "violation_reward",
+                 "mask_truncated", "eval_tasks", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
                  "fresh_ids", "sft_epochs", "sft_batch")
         run_demo(args.out, args.preset, args.seed, progress=not args.quiet, stop_after=args.stop_after,
                  **{k: getattr(args, k) for k in knobs})

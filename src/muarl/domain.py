@@ -65,6 +65,12 @@ class Domain:
     #: the built-in domain this one is a narrowed view of (same world, fewer tools, shorter policy), so
     #: that its expert script applies; empty for a domain of its own
     base: str = ""
+    #: how the scenario-driven scripted user words this domain's requests and checks proposals (a
+    #: :class:`muarl.users.script.UserScript`); None: the generic wording, from the scenario's data alone
+    user_script: Any = None
+    #: the reference agent's richer script for this domain: (domain, task) -> PolicySession; None: the
+    #: generic teacher, which needs only the task and the declared tools (see ``Tool.authenticates``)
+    teacher: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]

@@ -10,6 +10,7 @@ model. A tool signals a domain failure ("order is not pending") by raising :clas
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -44,6 +45,9 @@ class Tool:
     spec: ToolSpec
     args_model: type[BaseModel]
     terminal: bool = False
+    #: a successful call authenticates a user (sets ``db.authenticated``): the generic teacher calls it
+    #: first, with arguments named after the scenario's facts
+    authenticates: bool = False
 
     @property
     def name(self) -> str:
@@ -215,11 +219,13 @@ def tool(
     actor: Actor = "agent",
     terminal: bool = False,
     name: str | None = None,
+    authenticates: bool = False,
 ) -> Any:
-    """Decorator form of :func:`make_tool`: ``@tool`` or ``@tool(write=True)``."""
+    """Decorator form of :func:`make_tool`: ``@tool``, ``@tool(write=True)``, ``@tool(authenticates=True)``."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return make_tool(f, write=write, actor=actor, terminal=terminal, name=name)
+        return dataclasses.replace(make_tool(f, write=write, actor=actor, terminal=terminal, name=name),
+                                   authenticates=authenticates)
 
     return wrap(fn) if fn is not None else wrap
 

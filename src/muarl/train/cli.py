@@ -69,7 +69,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 
 
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
-              "penalize_violations", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
+              "penalize_violations", "violation_reward", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
               "zero_advantage_kl", "gradient_checkpointing"]
 
 
@@ -161,6 +161,9 @@ def add_commands(sub: Any) -> None:
     _add(grpo, "--penalize-violations", dest="penalize_violations", action="store_const", const=True,
          help="train on reward 0 for an episode that broke a policy rule, even if its database is right "
               "(the paper's reward is the database alone; the CPU demo penalizes)")
+    _add(grpo, "--violation-reward", type=float,
+         help="with --penalize-violations: the reward of a rule-breaking episode (default 0; below 0 it also "
+              "ranks under a plain failure, so all-failed groups still teach the rule; the CPU demo uses -1)")
     _add(grpo, "--micro-batch-size", type=int,
          help="sequences per forward/backward in the update (default 8; the gradient is the whole batch's)")
     _add(grpo, "--max-rollout-batches", type=int,

@@ -80,7 +80,10 @@ class GRPOConfig(RunSettings):
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update and play more tasks instead
     max_rollout_batches: int = 4  # with dynamic_sampling: batches of tasks_per_step tasks played per step, at most
     mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
-    penalize_violations: bool = False  # reward 0 for an episode that broke a policy rule (paper: DB only)
+    penalize_violations: bool = False  # train on violation_reward for an episode that broke a policy rule (paper: DB only)
+    # the training reward of a rule-breaking episode when penalized: 0 only equals it with a plain failure, so
+    # a group of failures gives no signal against the rule; below 0 it does (the demo uses -1)
+    violation_reward: float = 0.0
     # DAPO's overlong filtering: episodes cut at the per-turn token limit stay out of the gradient (they still
     # count, as failures, in their group's advantages), so their run-on tokens cannot dominate the token-mean
     mask_truncated: bool = False
@@ -103,6 +106,9 @@ class GRPOConfig(RunSettings):
         if self.temperature <= 0 or self.lr <= 0:
             raise ValueError(f"GRPO samples and learns: temperature and lr must be above 0 "
                              f"(got {self.temperature}, {self.lr})")
+        if self.violation_reward != 0.0 and not self.penalize_violations:
+            raise ValueError("GRPO violation_reward applies only with penalize_violations "
+                             "(--violation-reward needs --penalize-violations)")
 
 
 PRESETS: dict[str, GRPOConfig] = {
@@ -480,11 +486,12 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}
 
 
-def train_reward(traj: Trajectory, penalize_violations: bool = False) -> float:
-    """The reward GRPO trains on: the episode's binary reward, 0 if it broke a rule and that is penalized."""
+def train_reward(traj: Trajectory, penalize_violations: bool = False, violation_reward: float = 0.0) -> float:
+    """The reward GRPO trains on: the episode's binary reward, or ``violation_reward`` if it broke a rule and
+    that is penalized (whether or not its database was right)."""
     if traj.reward is None:
         return 0.0
-    return 0.0 if penalize_violations and traj.reward.violations else traj.reward.reward
+    return violation_reward if penalize_violations and traj.reward.violations else traj.reward.reward
 
 
 def collect_groups(play: Callable[[list[Task], int], list[list[Trajectory]]], order: list[Task], cursor: int,
@@ -501,7 +508,7 @@ def collect_groups(play: Callable[[list[Task], int], list[list[Trajectory]]], or
         chosen = [order[(cursor + k) % len(order)] for k in range(config.tasks_per_step)]
         cursor += len(chosen)
         groups += play(chosen, batch_no)
-        rewards = torch.tensor([[train_reward(t, config.penalize_violations) for t in g] for g in groups])
+        rewards = torch.tensor([[train_reward(t, config.penalize_violations, config.violation_reward) for t in g] for g in groups])
         if int(informative_groups(rewards).sum()) >= config.tasks_per_step:
             break
     if not config.dynamic_sampling:
