@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from muarl.domain import Domain, get_domain
-from muarl.policies.expert import CONFIRM, ExpertPolicy, ExpertSession
+from muarl.policies.expert import CONFIRM, ExpertPolicy
+from muarl.policies.script import TeacherSession
 from muarl.rewards import is_confirmation
 from muarl.rollout import EpisodeConfig, run_episode
 from muarl.types import Task, Trajectory
@@ -68,16 +69,17 @@ def test_skip_confirmation_is_flagged_and_fails_change_of_mind(name: str) -> Non
         assert any(v.kind == "unconfirmed_write" for v in traj.reward.violations), task.id
 
 
-class _GuessesFinalSession(ExpertSession):
+class _GuessesFinal(ExpertPolicy):
     """The expert, except that it proposes what a mind-changing user will settle on before the user said it."""
 
-    def proposals(self, intent: Any) -> list[Any]:
-        return [intent.args] if intent.first_args is None else [intent.args, intent.first_args, intent.args]
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> TeacherSession:
+        session = super().session(domain, task, seed)
 
+        def proposals(intent: Any) -> list[Any]:
+            return [intent.args] if intent.first_args is None else [intent.args, intent.first_args, intent.args]
 
-class _GuessesFinal(ExpertPolicy):
-    def session(self, domain: Domain, task: Task, seed: int | None = None) -> ExpertSession:
-        return _GuessesFinalSession(domain, task)
+        session.proposals = proposals  # type: ignore[method-assign]
+        return session
 
 
 @pytest.mark.parametrize("name", DOMAINS)

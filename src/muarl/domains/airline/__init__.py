@@ -12,6 +12,7 @@ from typing import Any
 from muarl.domain import Domain, register
 from muarl.domains.airline.data import build_db
 from muarl.domains.airline.tasks import build_tasks
+from muarl.domains.airline.teacher import AirlineTeacher
 from muarl.domains.airline.tools import TOOLS
 
 _HERE = Path(__file__).parent
@@ -38,6 +39,7 @@ DOMAIN = Domain(
     db_size=200,
     task_counts={"train": 200, "dev": 40, "test": 80},
     tasks_file=_HERE / "tasks.json",
+    teacher=AirlineTeacher,
 )
 
 register(DOMAIN)

@@ -198,7 +198,7 @@ def _offer(flight: Mapping[str, Any], date: str) -> dict[str, Any]:
 
 
 # -- read tools -----------------------------------------------------------------------------------------
-@tool
+@tool(authenticates=True)
 def get_user_details(db: DBView, user_id: str) -> Mapping[str, Any]:
     """Get a user's profile (name, membership, payment methods, saved passengers, reservation ids).
     Looking a user up authenticates them for this conversation.

@@ -9,6 +9,7 @@ from typing import Any
 from muarl.domain import Domain, register
 from muarl.domains.retail.data import build_db
 from muarl.domains.retail.tasks import build_tasks
+from muarl.domains.retail.teacher import RetailTeacher
 from muarl.domains.retail.tools import TOOLS
 
 _HERE = Path(__file__).parent
@@ -30,5 +31,6 @@ DOMAIN = Domain(
     db_size=300,
     task_counts={"train": 240, "dev": 40, "test": 80},
     tasks_file=_HERE / "tasks.json",
+    teacher=RetailTeacher,
 )
 register(DOMAIN)

@@ -84,7 +84,7 @@ def _refund_target_ok(order: Mapping[str, Any], method: Mapping[str, Any], payme
         raise ToolError("refunds go to the original payment method or an existing gift card")
 
 
-@tool
+@tool(authenticates=True)
 def find_user_id_by_email(db: DBView, email: str) -> str:
     """Find a user id by email address. This authenticates the user.
 
@@ -98,7 +98,7 @@ def find_user_id_by_email(db: DBView, email: str) -> str:
     raise ToolError("user not found")
 
 
-@tool
+@tool(authenticates=True)
 def find_user_id_by_name_zip(db: DBView, first_name: str, last_name: str, zip: str) -> str:
     """Find a user id by first name, last name and zip code. This authenticates the user.
 

@@ -15,6 +15,7 @@ from muarl.domain import Domain, register
 
 from .data import build_db
 from .tasks import build_tasks
+from .teacher import TelecomTeacher
 from .tools import TOOLS
 from .user_tools import USER_TOOLS
 
@@ -43,6 +44,7 @@ DOMAIN = Domain(
     db_size=200,
     task_counts={"train": 200, "dev": 40, "test": 80},
     tasks_file=Path(__file__).with_name("tasks.json"),
+    teacher=TelecomTeacher,
 )
 
 register(DOMAIN)

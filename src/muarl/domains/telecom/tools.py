@@ -40,7 +40,7 @@ def _overdue_bills(db: DBView, customer: Mapping[str, Any]) -> list[str]:
     return [b for b in customer["bill_ids"] if db.bills[b]["status"] == "overdue"]
 
 
-@tool
+@tool(authenticates=True)
 def get_customer_by_phone(db: DBView, phone_number: str) -> dict[str, Any]:
     """Find and authenticate a customer by one of the phone numbers on their account.
 
@@ -54,7 +54,7 @@ def get_customer_by_phone(db: DBView, phone_number: str) -> dict[str, Any]:
     return dict(customer)
 
 
-@tool
+@tool(authenticates=True)
 def get_customer_by_id(db: DBView, customer_id: str) -> dict[str, Any]:
     """Find and authenticate a customer by their customer id.
 
@@ -66,7 +66,7 @@ def get_customer_by_id(db: DBView, customer_id: str) -> dict[str, Any]:
     return dict(customer)
 
 
-@tool
+@tool(authenticates=True)
 def get_customer_by_name(db: DBView, full_name: str, dob: str) -> dict[str, Any]:
     """Find and authenticate a customer by full name and date of birth (both must match).
 
