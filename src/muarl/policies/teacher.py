@@ -256,7 +256,7 @@ class GenericTeacher(TeacherSession):
         for i, step in enumerate(self.steps):
             report = yield from handlers[step.kind](step)
             if i == len(self.steps) - 1:
-                report = f"{report} {self._unsaid_outputs()}".strip()
+                report = f"{report} {self._unsaid_outputs(report)}".strip()
             yield from self.say(f"{report} {ANYTHING_ELSE}".strip())
         if not self.steps:
             yield from self.say(f"{self._unsaid_outputs()} {ANYTHING_ELSE}".strip())
@@ -351,8 +351,9 @@ class GenericTeacher(TeacherSession):
         yield from self.say(f"Please {describe(step.action, {})}{how} on your device, then tell me what happens.")
         return ""
 
-    def _unsaid_outputs(self) -> str:
-        spoken = norm(" ".join(self.spoken))
+    def _unsaid_outputs(self, about_to_say: str = "") -> str:
+        """The required outputs not said yet (nor in ``about_to_say``), as one sentence."""
+        spoken = norm(" ".join([*self.spoken, about_to_say]))
         left = [o for o in self.task.required_outputs if norm(o) not in spoken]
         return f"For your records: {listing(left)}." if left else ""
 
