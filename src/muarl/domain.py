@@ -69,7 +69,9 @@ class Domain:
     #: :class:`muarl.users.script.UserScript`); None: the generic wording, from the scenario's data alone
     user_script: Any = None
     #: the reference agent's richer script for this domain: (domain, task) -> PolicySession; None: the
-    #: generic teacher, which needs only the task and the declared tools (see ``Tool.authenticates``)
+    #: generic teacher, which needs only the task and the declared tools (see ``Tool.authenticates``).
+    #: The unsafe ``expert-noconfirm`` calls it with ``skip_confirmation=True`` as well (a subclass of
+    #: :class:`muarl.policies.script.TeacherSession` takes both)
     teacher: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
