@@ -58,7 +58,8 @@ def proxy_tool(remote: RemoteTool, read_only: Iterable[str] = (), base: Tool | N
     else:
         kind = "read" if remote.read_only or remote.name in set(read_only) else "write"
     spec = ToolSpec(name=remote.name, description=remote.description, parameters=remote.input_schema, kind=kind)
-    return Tool(fn=_remote_only, spec=spec, args_model=_AnyArgs, terminal=base.terminal if base else False)
+    return Tool(fn=_remote_only, spec=spec, args_model=_AnyArgs, terminal=base.terminal if base else False,
+                authenticates=base.authenticates if base else False)
 
 
 @dataclass

@@ -267,24 +267,29 @@ class GenericTeacher(TeacherSession):
             return True
         lead = "I'd be happy to help. First I need to verify your identity:"
         for tool, args in self.auth:
-            unsaid = [k for k, v in args.items() if not self.said(v)]
-            question = f"{lead} could you please tell me your {listing([words(k) for k in unsaid or list(args)])}?"
-            lead = "Thank you. To find your account another way,"
-            if not (yield from self.need(list(args.values()), question)):
+            if not (yield from self.need_facts(list(args), lead, whose="your")):
+                lead = "Thank you. To find your account another way,"
                 continue
             out = yield from self.call(tool.name, args)
             if not out.startswith("Error"):
                 return True
         return False
 
+    def need_facts(self, keys: list[str], lead: str = "", whose: str = "the", tries: int = 3) -> Script:
+        """Ask for the scenario facts ``keys``, by name and only those not said yet, until the user has said
+        them all; False when they never do."""
+        for _ in range(tries):
+            unsaid = [k for k in keys if not self.said(self.known[k])]
+            if not unsaid:
+                return True
+            question = f"could you please tell me {whose} {listing([words(k) for k in unsaid])}?"
+            yield from self.say(f"{lead} {question}" if lead else question[:1].upper() + question[1:])
+        return all(self.said(self.known[k]) for k in keys)
+
     def ask_facts(self, args: Mapping[str, Any]) -> Script:
         """Ask for the scenario facts that ``args`` repeat and the user has not said; False if never said."""
         values = {norm(render(v)) for v in leaves(args)}
-        keys = [k for k, v in self.known.items() if norm(v) in values and not self.said(v)]
-        if not keys:
-            return True
-        question = f"Could you please tell me the {listing([words(k) for k in keys])}?"
-        return (yield from self.need([self.known[k] for k in keys], question))
+        return (yield from self.need_facts([k for k, v in self.known.items() if norm(v) in values]))
 
     def look_up(self, values: list[Any], extra: Mapping[str, Any]) -> Script:
         """Call fillable read tools, in declared order and each at most once, until ``values`` have been seen.
@@ -304,10 +309,8 @@ class GenericTeacher(TeacherSession):
                 key = json.dumps([tool.name, args], sort_keys=True, default=str)
                 if key in self.called:
                     continue
-                if unsaid:
-                    question = f"Could you please tell me the {listing([words(k) for k in unsaid])}?"
-                    if not (yield from self.need([self.known[k] for k in unsaid], question)):
-                        continue
+                if unsaid and not (yield from self.need_facts(unsaid)):
+                    continue
                 self.called.add(key)
                 yield from self.call(tool.name, args)
 
