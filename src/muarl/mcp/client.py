@@ -7,7 +7,13 @@ background event loop in a daemon thread. The episode loop awaits a call through
 concurrent), and synchronous code (gold replays, scripts) uses :meth:`RemoteSession.call`. Every call
 has a timeout. A server that crashes, hangs or cannot start is reported as a
 :class:`CallOutcome` with ``error="tool_fault"``, never raised: one broken tool server must not end a
-training run.
+training run. A stdio server is muarl's own child process (:mod:`muarl.mcp.stdio`), so a call that
+times out stops it (SIGTERM, then SIGKILL) and returns within its limit plus a bounded shutdown.
+
+Per-episode state. Every stdio session gets a fresh private folder, removed when the session closes:
+``{episode_dir}`` in the command, in ``env`` values or in ``cwd`` is replaced by its path, and the
+server's environment has it as ``MUARL_EPISODE_DIR``. A server that keeps state in files (or in
+anything it can be pointed at) is then one instance per episode, never shared between episodes.
 """
 
 from __future__ import annotations
@@ -17,28 +23,52 @@ import atexit
 import contextlib
 import json
 import os
+import secrets
 import shlex
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from muarl.mcp.stdio import REAP_WAIT, TERM_GRACE, ServerProcess, stdio_transport
+
 T = TypeVar("T")
 
 #: The ``_meta`` key a muarl server sets on failed calls to say why (muarl's ToolRecord.error values).
 ERROR_META = "muarl/error"
+#: The ``_meta`` key a controller presents its control token in (see :mod:`muarl.mcp.server`).
+CONTROL_META = "muarl/control"
+#: Environment variables: the control token of ``muarl serve-mcp`` and the bearer token of its HTTP endpoint.
+CONTROL_ENV = "MUARL_MCP_CONTROL_TOKEN"
+AUTH_ENV = "MUARL_MCP_AUTH_TOKEN"
+#: The per-session folder: a placeholder in a stdio server's command, env values and cwd, and an env var.
+EPISODE_DIR = "{episode_dir}"
+EPISODE_ENV = "MUARL_EPISODE_DIR"
+
+
+class ServerUnavailable(ConnectionError, ValueError):
+    """An MCP server could not be started or reached (a ValueError too, so command lines print one line)."""
 
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """Where an MCP server is: a command to launch (stdio) or a streamable-HTTP URL."""
+    """Where an MCP server is: a command to launch (stdio) or a streamable-HTTP URL.
+
+    ``control_token`` is presented (in ``_meta``) to list and call a muarl server's control tools;
+    ``auth_token`` is sent to an HTTP server as ``Authorization: Bearer``. A stdio server gets the safe
+    default environment (PATH, HOME, ...) plus ``env``, never the whole environment of muarl's process.
+    """
 
     command: tuple[str, ...] = ()
     url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    control_token: str | None = field(default=None, repr=False)
+    auth_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if bool(self.command) == bool(self.url):
@@ -46,21 +76,38 @@ class ServerSpec:
 
     @classmethod
     def parse(cls, text: str) -> ServerSpec:
-        """``http(s)://host:port/mcp`` is a URL; anything else is a command line (split like a shell)."""
+        """``http(s)://host:port/mcp`` is a URL; anything else is a command line (split like a shell).
+
+        A URL takes its tokens from this process's environment (``MUARL_MCP_CONTROL_TOKEN``,
+        ``MUARL_MCP_AUTH_TOKEN``), so a muarl server started with them can be graded and reached.
+        """
         text = text.strip()
         if not text:
             raise ValueError("empty MCP server spec: give a command line or an http(s):// URL")
         if text.startswith(("http://", "https://")):
-            return cls(url=text)
+            return cls(url=text, control_token=os.environ.get(CONTROL_ENV) or None,
+                       auth_token=os.environ.get(AUTH_ENV) or None)
         return cls(command=tuple(shlex.split(text)))
 
     @classmethod
     def muarl(cls, domain: str, *extra: str) -> ServerSpec:
-        """``muarl serve-mcp DOMAIN`` over stdio, with this interpreter."""
-        return cls(command=(sys.executable, "-m", "muarl", "serve-mcp", domain, *extra))
+        """``muarl serve-mcp DOMAIN`` over stdio, with this interpreter, and a fresh control token for it."""
+        token = secrets.token_urlsafe(32)
+        env = {CONTROL_ENV: token, **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}
+        return cls(command=(sys.executable, "-m", "muarl", "serve-mcp", domain, *extra), env=env, control_token=token)
 
     def describe(self) -> str:
         return self.url or shlex.join(self.command)
+
+    def launch(self, episode_dir: str) -> tuple[list[str], dict[str, str], str | None]:
+        """The command, environment and working folder of one session, with ``{episode_dir}`` filled in."""
+        from mcp.client.stdio import get_default_environment
+
+        def fill(text: str) -> str:
+            return text.replace(EPISODE_DIR, episode_dir)
+
+        env = {**get_default_environment(), **{k: fill(v) for k, v in self.env.items()}, EPISODE_ENV: episode_dir}
+        return [fill(a) for a in self.command], env, fill(self.cwd) if self.cwd else None
 
 
 @dataclass
@@ -115,9 +162,13 @@ def background_loop() -> _LoopThread:
 
 
 def _close_all() -> None:
-    """At exit, stop every server we started (a stdio server would exit on EOF anyway)."""
-    for session in list(_OPEN):
+    """At exit, stop every server we started; one that is somehow still running then is killed outright."""
+    sessions = list(_OPEN)
+    for session in sessions:
         session.close(wait=2.0)
+    for session in sessions:
+        if session.process.running():
+            session.process.kill_now()
 
 
 def render_result(result: Any) -> tuple[str, Any]:
@@ -154,6 +205,10 @@ class RemoteSession:
         self.spec, self.timeout, self.connect_timeout = spec, timeout, connect_timeout
         self.fault: str | None = None
         self.opened = False
+        #: the stdio server's process (muarl's child: it can always be stopped)
+        self.process = ServerProcess()
+        #: this session's private folder (stdio only), removed when the session closes
+        self.episode_dir: str | None = None
         self._client: Any = None
         self._closing: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -162,13 +217,11 @@ class RemoteSession:
 
     # -- lifecycle (runs on the background loop) ------------------------------------------------------
     def _target(self) -> Any:
-        from mcp import StdioServerParameters
-
         if self.spec.url:
-            return self.spec.url
-        env = {**os.environ, **self.spec.env} if self.spec.env else None
-        return StdioServerParameters(command=self.spec.command[0], args=list(self.spec.command[1:]), env=env,
-                                     cwd=self.spec.cwd)
+            return _http_transport(self.spec.url, self.spec.auth_token) if self.spec.auth_token else self.spec.url
+        self.episode_dir = tempfile.mkdtemp(prefix="muarl-mcp-")
+        command, env, cwd = self.spec.launch(self.episode_dir)
+        return stdio_transport(command, env, cwd, self.process)
 
     async def _run(self) -> None:
         """Own the client context for the session's whole life (anyio scopes must exit in their task)."""
@@ -204,7 +257,7 @@ class RemoteSession:
             _OPEN.add(self)
             self._runner = asyncio.get_running_loop().create_task(self._run())
             try:
-                await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
+                await _bounded(asyncio.shield(self._ready), self.connect_timeout)
             except asyncio.TimeoutError:
                 self.fault = f"the tool server did not start within {self.connect_timeout:g} s ({self.spec.describe()})"
                 await self._aclose(wait=0)  # still in the handshake: nothing to close politely
@@ -213,26 +266,41 @@ class RemoteSession:
                 await self._aclose(wait=0)
 
     async def _aclose(self, wait: float = 10.0) -> None:
-        """Leave the client context (ending a stdio server); cancel it if that takes over ``wait`` s."""
+        """Leave the client context (stopping a stdio server). Bounded: after ``wait`` s the server is
+        killed and the session's task cancelled, and nothing here waits on a stuck task beyond that."""
         if self._closing is not None:
             self._closing.set()
-        if self._runner is not None and not self._runner.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._runner), wait)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001
-                self._runner.cancel()
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(self._runner, 10)
+        runner = self._runner
+        if runner is not None and not runner.done():
+            await asyncio.wait({runner}, timeout=wait)
+            if not runner.done():
+                self.process.kill_now()
+                runner.cancel()
+                await asyncio.wait({runner}, timeout=REAP_WAIT + 1.0)
+        if self.episode_dir is not None and not self.process.running():
+            shutil.rmtree(self.episode_dir, ignore_errors=True)
+            self.episode_dir = None
+
+    async def _give_up(self) -> None:
+        """After a timeout: stop the server now (SIGTERM, SIGKILL after a second), no polite grace."""
+        self.process.grace = 0.0
+        await self._aclose(wait=TERM_GRACE + REAP_WAIT + 1.0)
+
+    def _meta(self, control: bool) -> dict[str, Any] | None:
+        return {CONTROL_META: self.spec.control_token} if control and self.spec.control_token else None
 
     # -- calls ----------------------------------------------------------------------------------------
-    async def _call(self, name: str, arguments: Mapping[str, Any]) -> CallOutcome:
+    async def _call(self, name: str, arguments: Mapping[str, Any], control: bool = False) -> CallOutcome:
         await self._ensure_open()
         if self.fault is not None or self._client is None:
             return CallOutcome(False, f"Error: {self.fault or 'the tool server is closed'}", "tool_fault")
         try:
-            result = await asyncio.wait_for(self._client.call_tool(name, dict(arguments)), self.timeout)
+            result = await _bounded(self._client.call_tool(name, dict(arguments), meta=self._meta(control)),
+                                    self.timeout)
         except asyncio.TimeoutError:
             self.fault = f"the tool server did not answer {name} within {self.timeout:g} s"
+            await self._give_up()
+            return CallOutcome(False, f"Error: {self.fault}", "tool_fault")
         except Exception as err:  # noqa: BLE001 - a dead or broken server
             from mcp import MCPError
             from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
@@ -249,18 +317,22 @@ class RemoteSession:
             kind = (result.meta or {}).get(ERROR_META) or "domain"
             text = text if text.startswith("Error") else f"Error: {text}"
             return CallOutcome(False, text, kind, structured)
-        await self._aclose(wait=2.0)  # a hung server gets little patience
+        await self._aclose(wait=2.0)  # a crashed server: its process is gone or going
         return CallOutcome(False, f"Error: {self.fault}", "tool_fault")
 
     async def _list_tools(self) -> list[RemoteTool]:
         await self._ensure_open()
         if self.fault is not None or self._client is None:
-            raise ConnectionError(self.fault or "the tool server is closed")
+            raise ServerUnavailable(self.fault or "the tool server is closed")
         tools: list[RemoteTool] = []
         cursor = None
         while True:
-            page = await asyncio.wait_for(self._client.list_tools(cursor=cursor) if cursor else
-                                          self._client.list_tools(), self.timeout)
+            try:
+                page = await _bounded(self._client.list_tools(cursor=cursor, meta=self._meta(True)), self.timeout)
+            except asyncio.TimeoutError:
+                self.fault = f"the tool server did not list its tools within {self.timeout:g} s"
+                await self._give_up()
+                raise ServerUnavailable(self.fault) from None
             for t in page.tools:
                 hint = t.annotations.read_only_hint if t.annotations is not None else None
                 tools.append(RemoteTool(t.name, t.description or t.title or t.name, dict(t.input_schema), hint))
@@ -269,29 +341,67 @@ class RemoteSession:
                 return tools
 
     # -- public API -----------------------------------------------------------------------------------
-    def call(self, name: str, arguments: Mapping[str, Any]) -> CallOutcome:
-        """Call a tool from synchronous code (never from the background loop's own thread)."""
-        return _wait(background_loop().submit(self._call(name, arguments)), self.timeout + self.connect_timeout + 15)
+    def call(self, name: str, arguments: Mapping[str, Any], *, control: bool = False) -> CallOutcome:
+        """Call a tool from synchronous code (never from the background loop's own thread).
 
-    async def acall(self, name: str, arguments: Mapping[str, Any]) -> CallOutcome:
+        ``control``: present the spec's control token (for a muarl server's ``muarl_*`` tools).
+        """
+        return _wait(background_loop().submit(self._call(name, arguments, control)),
+                     self.timeout + self.connect_timeout + 15)
+
+    async def acall(self, name: str, arguments: Mapping[str, Any], *, control: bool = False) -> CallOutcome:
         """Call a tool from any event loop without blocking it."""
-        return await asyncio.wrap_future(background_loop().submit(self._call(name, arguments)))
+        return await asyncio.wrap_future(background_loop().submit(self._call(name, arguments, control)))
 
     def list_tools(self) -> list[RemoteTool]:
+        """The server's tools (a muarl server lists its control tools only to a spec with the control token)."""
         return background_loop().submit(self._list_tools()).result(self.timeout + self.connect_timeout + 15)
 
     def close(self, wait: float = 10.0) -> None:
-        """Close the session (terminating a stdio server) and wait up to ``wait`` seconds for it."""
+        """Close the session (stopping a stdio server) and wait up to ``wait`` seconds for it."""
         if not self.opened or _LOOP is None or _LOOP.loop.is_closed():
             return
         future = _LOOP.submit(self._aclose(wait))
-        with contextlib.suppress(Exception):  # best effort: a stdio server also exits on stdin EOF
-            future.result(wait + 5)
+        with contextlib.suppress(Exception):  # bounded inside; this is only a backstop
+            future.result(wait + REAP_WAIT + 5)
 
     def close_soon(self) -> None:
         """Close without waiting (safe from finalizers and from any thread)."""
         if self.opened and _LOOP is not None and not _LOOP.loop.is_closed():
             _LOOP.submit(self._aclose())
+
+
+async def _bounded(awaitable: Any, seconds: float) -> Any:
+    """The awaitable's result, or TimeoutError after ``seconds`` without waiting for it to wind down
+    (``asyncio.wait_for`` waits for the cancelled call to finish, which a hung transport never does)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_consume)
+        raise asyncio.TimeoutError
+    return task.result()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+@contextlib.asynccontextmanager
+async def _http_transport(url: str, token: str) -> Any:
+    """Streamable HTTP with ``Authorization: Bearer TOKEN`` on every request."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0, read=300.0))
+    async with http, streamable_http_client(url, http_client=http) as streams:
+        yield streams
 
 
 def _wait(future: Future[CallOutcome], limit: float) -> CallOutcome:
