@@ -30,6 +30,8 @@ from muarl.types import Intent, Message, Scenario, Task, ToolCall, Trajectory
 from muarl.users.scripted import ScriptedUser
 
 FAULT_SERVER = str(Path(__file__).with_name("mcp_fault_server.py"))
+#: the HTTP server's control token: muarl's client presents it to grade with the server's own state
+CONTROL_TOKEN = "test-control-token"
 pytestmark = pytest.mark.slow  # real server processes; about 3 s of start-up each on 2 cores
 
 
@@ -61,12 +63,13 @@ def _assert_same_episodes(over_mcp: list[Trajectory], local: list[Trajectory]) -
 
 @pytest.fixture(scope="module")
 def http_url():
-    """``muarl serve-mcp retail --transport http`` on a free port, for the whole module."""
+    """``muarl serve-mcp retail --transport http`` on a free port, for the whole module (with a control token)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "muarl", "serve-mcp", "retail", "--transport", "http",
-                             "--port", str(port)], stderr=subprocess.PIPE, text=True)
+                             "--port", str(port)], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MUARL_MCP_CONTROL_TOKEN": CONTROL_TOKEN})
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else "server exited"
@@ -86,7 +89,7 @@ def http_url():
 
 @pytest.fixture(scope="module")
 def http_retail(http_url: str) -> MCPDomain:
-    return mcp_domain(http_url, base="retail")
+    return mcp_domain(ServerSpec(url=http_url, control_token=CONTROL_TOKEN), base="retail")
 
 
 def test_stdio_round_trip_matches_in_process(retail: Domain) -> None:
@@ -102,7 +105,7 @@ def test_stdio_round_trip_matches_in_process(retail: Domain) -> None:
 
 
 def test_http_lists_schemas_and_annotations(http_url: str, retail: Domain) -> None:
-    session = RemoteSession(ServerSpec.parse(http_url))
+    session = RemoteSession(ServerSpec(url=http_url, control_token=CONTROL_TOKEN))  # a controller sees them all
     try:
         listed = {t.name: t for t in session.list_tools()}
     finally:
@@ -333,12 +336,16 @@ def test_cli_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 
-def test_mcp_domain_spec_runs_the_rollout_cli(http_url: str, tmp_path: Path) -> None:
-    """``--domain mcp:retail@URL`` is a domain like any other for every command."""
+def test_mcp_domain_spec_runs_the_rollout_cli(http_url: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--domain mcp:retail@URL`` is a domain like any other for every command (the control token from
+    the environment, as a user of the command line gives it)."""
     from muarl.cli import main
 
+    monkeypatch.setenv("MUARL_MCP_CONTROL_TOKEN", CONTROL_TOKEN)
     domain = get_domain(f"mcp:retail@{http_url}")
     assert isinstance(domain, MCPDomain) and domain.mirror is get_domain("retail") and len(domain.tools) == 16
+    assert domain.muarl_server  # it graded with the server's own state
     out = tmp_path / "run"
     assert main(["rollout", "--domain", f"mcp:retail@{http_url}", "--split", "test", "--policy", "expert",
                  "--user", "scripted", "--limit", "3", "--out", str(out)]) == 0

@@ -9,11 +9,15 @@ observation and leaves a ``tool_fault`` record in the trajectory's tool log
 Grading. The database lives in the server, so the reward needs help from one of two places:
 
 - **With a base domain** (``base=get_domain("retail")``, as when the server is ``muarl serve-mcp
-  retail``): tasks, policy and grading come from the base. Each successful server call is mirrored on
-  a local copy-on-write shadow of the base database, which supplies what the grader reads besides the
-  hash (changed records, owners, authentication for violations, the field diff, TCR). The final hash is
-  the server's own (its ``muarl_state`` tool) when it has one, so the reward judges the server's real
-  state; gold actions are replayed locally on the base domain (they never touch a server).
+  retail``): tasks, policy and grading come from the base. Each server call is replayed on a local
+  copy-on-write shadow of the base database, which supplies what the grader reads besides the hash
+  (changed records, owners, authentication for violations, the field diff, TCR). The final hash is the
+  server's own (its ``muarl_state`` control tool) when muarl holds its control token, so the reward
+  judges the server's real state; gold actions are replayed locally on the base domain (they never
+  touch a server). **Divergence check**: a server answer that differs from the shadow's (a success
+  where the shadow fails or the reverse, or another successful output) means the server's world is not
+  the one muarl grades: the call is marked ``tool_fault`` and the final hash is "unavailable", so the
+  episode can never score on the shadow's word alone.
 - **Without a base** (any third-party server): the domain's "database" is the log of successful
   write calls (a table ``calls`` of ``{tool, arguments}`` in order). The reward is then action
   matching: the agent's successful writes equal the gold actions replayed on a fresh session. Tools
@@ -34,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from muarl.domain import Domain, load_tasks
 from muarl.env import Env
-from muarl.mcp.client import CallOutcome, RemoteSession, RemoteTool, ServerSpec
+from muarl.mcp.client import CallOutcome, RemoteSession, RemoteTool, ServerSpec, ServerUnavailable
 from muarl.mcp.server import CONTROL_PREFIX, RESET_TOOL, STATE_TOOL, USER_TOOL
 from muarl.tools import Tool
 from muarl.types import Action, Actor, Task, ToolRecord, ToolSpec
@@ -107,14 +111,14 @@ class MCPEnv(Env):
             self.db = self.shadow.db
         self.session = domain.session()
         self._started = False
-        #: calls the server accepted but the local shadow refused (the server is not the base domain)
-        self.mirror_mismatches: list[str] = []
+        #: the first server answer that differed from the local shadow's (the server is not the world graded)
+        self.divergence: str | None = None
         self._closer = weakref.finalize(self, self.session.close_soon)
 
     # -- calls ----------------------------------------------------------------------------------------
     def _prepare(self, name: str, arguments: Any, actor: Actor, call_id: str | None
-                 ) -> tuple[ToolRecord, tuple[str, dict[str, Any]] | None]:
-        """The log record, and the remote call to make (None when muarl answers itself)."""
+                 ) -> tuple[ToolRecord, tuple[str, dict[str, Any], bool] | None]:
+        """The log record, and the remote call to make (name, arguments, control; None when muarl answers)."""
         call_id = call_id or f"call_{next(self._ids)}"
         args = arguments if arguments is not None else {}
         record = ToolRecord(call_id=call_id, name=name, arguments=args if isinstance(args, dict)
@@ -134,37 +138,43 @@ class MCPEnv(Env):
                 record.ok, record.error = False, "tool_fault"
                 record.output = "Error: this MCP server cannot run user tools (it is not a muarl server)"
                 return record, None
-            return record, (USER_TOOL, {"name": name, "arguments": args})
-        return record, (name, args)
+            return record, (USER_TOOL, {"name": name, "arguments": args}, True)
+        return record, (name, args, False)
 
-    def _start_calls(self) -> list[tuple[str, dict[str, Any]]]:
+    def _start_calls(self) -> list[tuple[str, dict[str, Any], bool]]:
         """Calls that set the session up before its first real call (a muarl server gets the task context)."""
         if self._started:
             return []
         self._started = True
         if self.domain.muarl_server and self.db.context:
-            return [(RESET_TOOL, {"context": self.db.context})]
+            return [(RESET_TOOL, {"context": self.db.context}, True)]
         return []
 
     def _finish(self, record: ToolRecord, outcome: CallOutcome) -> ToolRecord:
-        if outcome.error == "tool_fault" or outcome.ok and self.domain.mirror is None:
-            record.ok, record.output, record.error = outcome.ok, outcome.text, outcome.error
-            if outcome.ok and record.kind == "write":
-                self.db.begin()
-                self.db[CALLS].insert(f"{len(self.db[CALLS]):05d}", {"tool": record.name,
-                                                                       "arguments": record.arguments})
-                record.changed = self.db.commit()
-        elif outcome.ok:  # mirror the server's successful call on the local shadow of the base database
-            assert self.shadow is not None
-            mirror = self.shadow.call(record.name, record.arguments, actor=record.actor, call_id=record.call_id)
-            record.changed, record.owners, record.authenticated = mirror.changed, mirror.owners, mirror.authenticated
-            record.ok, record.output, record.error = True, outcome.text, None
-            if not mirror.ok:
-                self.mirror_mismatches.append(record.call_id)
-        else:
-            record.ok, record.output, record.error = False, outcome.text, outcome.error or "domain"
+        record.ok, record.output = outcome.ok, outcome.text
+        record.error = None if outcome.ok else outcome.error or "domain"
+        if outcome.error != "tool_fault" and self.shadow is not None:
+            self._mirror(record, outcome)
+        elif outcome.ok and record.kind == "write":  # no base: the database is the log of successful writes
+            self.db.begin()
+            self.db[CALLS].insert(f"{len(self.db[CALLS]):05d}", {"tool": record.name, "arguments": record.arguments})
+            record.changed = self.db.commit()
         self.log.append(record)
         return record
+
+    def _mirror(self, record: ToolRecord, outcome: CallOutcome) -> None:
+        """Replay the server's call on the local shadow; an answer that differs marks a tool fault."""
+        assert self.shadow is not None
+        local = self.shadow.call(record.name, record.arguments, actor=record.actor, call_id=record.call_id)
+        record.changed, record.owners, record.authenticated = local.changed, local.owners, local.authenticated
+        # two failures may word their errors differently (and neither changed anything); anything else must agree
+        if outcome.ok == local.ok and (not outcome.ok or outcome.text == local.output):
+            return
+        record.error = "tool_fault"
+        if self.divergence is None:
+            self.divergence = (f"the tool server's answer to {record.name} ({record.call_id}) differs from muarl's "
+                               f"replay on its own copy of the {self.domain.mirror.name if self.domain.mirror else ''} "
+                               f"database: server {_brief(outcome.text)}, local {_brief(local.output)}")
 
     def call(self, name: str, arguments: Any = None, *, actor: Actor = "agent",
              call_id: str | None = None) -> ToolRecord:
@@ -173,11 +183,11 @@ class MCPEnv(Env):
         if remote is None:
             self.log.append(record)
             return record
-        for setup in self._start_calls():
-            outcome = self.session.call(*setup)
+        for name_, args_, control in self._start_calls():
+            outcome = self.session.call(name_, args_, control=control)
             if not outcome.ok:
-                return self._finish(record, _as_fault(outcome, setup[0]))
-        return self._finish(record, self.session.call(*remote))
+                return self._finish(record, _as_fault(outcome, name_))
+        return self._finish(record, self.session.call(remote[0], remote[1], control=remote[2]))
 
     async def acall(self, name: str, arguments: Any = None, *, actor: Actor = "agent",
                     call_id: str | None = None) -> ToolRecord:
@@ -186,11 +196,11 @@ class MCPEnv(Env):
         if remote is None:
             self.log.append(record)
             return record
-        for setup in self._start_calls():
-            outcome = await self.session.acall(*setup)
+        for name_, args_, control in self._start_calls():
+            outcome = await self.session.acall(name_, args_, control=control)
             if not outcome.ok:
-                return self._finish(record, _as_fault(outcome, setup[0]))
-        return self._finish(record, await self.session.acall(*remote))
+                return self._finish(record, _as_fault(outcome, name_))
+        return self._finish(record, await self.session.acall(remote[0], remote[1], control=remote[2]))
 
     def run(self, action: Action) -> ToolRecord:
         """Run a gold action: on the local base database when there is one (no server involved)."""
@@ -205,8 +215,10 @@ class MCPEnv(Env):
         """The server's own state hash when it has one and this env talked to it, else the local one."""
         if self.session.fault is not None:
             return f"unavailable: {self.session.fault}"
+        if self.divergence is not None:
+            return f"unavailable: {self.divergence}"
         if self.domain.muarl_server and self.session.opened:
-            outcome = self.session.call(STATE_TOOL, {})
+            outcome = self.session.call(STATE_TOOL, {}, control=True)
             if not outcome.ok:
                 return f"unavailable: {outcome.text}"
             return str(_json(outcome.text).get("hash"))
@@ -221,6 +233,10 @@ class MCPEnv(Env):
 def _as_fault(outcome: CallOutcome, what: str) -> CallOutcome:
     return outcome if outcome.error == "tool_fault" else CallOutcome(
         False, f"Error: the tool server refused to set up the session ({what}): {outcome.text}", "tool_fault")
+
+
+def _brief(text: str, limit: int = 160) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def _json(text: str) -> dict[str, Any]:
@@ -262,7 +278,7 @@ def mcp_domain(
         if base is not None and muarl_server:
             _check_same_database(probe, base)
     except ConnectionError as err:
-        raise ConnectionError(f"cannot list the tools of MCP server {spec.describe()}: {err}") from None
+        raise ServerUnavailable(f"cannot list the tools of MCP server {spec.describe()}: {err}") from None
     finally:
         probe.close()
     remote = [t for t in listed if not t.name.startswith(CONTROL_PREFIX)]
@@ -272,13 +288,17 @@ def mcp_domain(
         if missing:
             raise ValueError(f"MCP server {spec.describe()} lacks tools of domain {base.name}: {', '.join(missing)}")
         if base.user_tools and not muarl_server:
-            raise ValueError(f"domain {base.name} has user tools, which only a muarl MCP server can run")
+            raise ValueError(f"domain {base.name} has user tools, which only a muarl MCP server can run, for a "
+                             "controller holding its control token (MUARL_MCP_CONTROL_TOKEN)")
         tools = [proxy_tool(t, base=base.agent_tools.get(t.name)) for t in remote if t.name in base.agent_tools]
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Domain)}
         values.update(tools=tools, name=name or base.name, policy=policy or base.policy)
         if "base" in values:  # the expert's script follows the world, not the name
             values["base"] = getattr(base, "base", "") or base.name
     else:
+        unknown = sorted(set(read_only) - {t.name for t in remote})
+        if unknown:
+            raise ValueError(f"read_only: MCP server {spec.describe()} has no tool(s) {', '.join(unknown)}")
         tools = [proxy_tool(t, read_only) for t in remote]
         values = dict(name=name or f"mcp:{spec.describe()}", description=f"tools of the MCP server {spec.describe()}",
                       policy=policy or "Help the user with the tools you have.", tools=tools,
@@ -289,7 +309,7 @@ def mcp_domain(
 
 
 def _check_same_database(probe: RemoteSession, base: Domain) -> None:
-    state = _json(probe.call(STATE_TOOL, {}).text)
+    state = _json(probe.call(STATE_TOOL, {}, control=True).text)
     if state.get("base_hash") != base.database().view().hash():
         raise ValueError(f"the MCP server's {state.get('domain')} database differs from domain {base.name}'s "
                          "(another seed or size?): rewards would compare different worlds")
@@ -305,13 +325,22 @@ def _load(tasks: Iterable[Task] | str | Path | None) -> list[Task] | None:
 
 def parse_spec(text: str) -> MCPDomain:
     """``--domain mcp:...``: ``mcp:retail`` (serve the built-in retail over stdio and use it),
-    ``mcp:retail@http://host:port/mcp`` (a running muarl server), ``mcp:URL`` or ``mcp:COMMAND LINE``
-    (any server; tools only, no tasks)."""
+    ``mcp:retail@http://host:port/mcp`` (a running muarl server), ``mcp:FILE.json`` (any server, with the
+    tasks, read-only tools and timeouts a config file gives, see :mod:`muarl.mcp.config`).
+
+    A bare ``mcp:URL`` or ``mcp:COMMAND LINE`` has no tasks, so it is refused here: every command that
+    takes ``--domain`` plays tasks (``muarl mcp-tools`` lists such a server's tools).
+    """
     from muarl.domain import domain_names
+    from muarl.mcp.config import load_config
 
     head, sep, rest = text.partition("@")
     if sep and head and " " not in head and rest:
         return mcp_domain(rest, base=head)
     if text in domain_names():
         return mcp_domain(ServerSpec.muarl(text), base=text)
-    return mcp_domain(text)
+    if text.endswith(".json") and " " not in text.strip():
+        return load_config(Path(text))
+    raise ValueError(f"--domain mcp:{text}: an MCP server without a base domain has no tasks to play; describe it in "
+                     "a config file with \"server\" and \"tasks\" (--domain mcp:FILE.json, see docs/mcp.md), "
+                     "or list its tools with 'muarl mcp-tools'")
