@@ -55,7 +55,7 @@ async def run_episode(
     agent = policy.session(domain, task, seed=policy_seed)
     traj = Trajectory(task_id=task.id, domain=domain.name, user_seed=seed)
     try:
-        reason, fault = await _play(env, task, agent, user.session(task, seed), traj, config)
+        reason, fault = await _play(env, task, agent, user.for_domain(domain).session(task, seed), traj, config)
     finally:
         traj.metadata.update(agent.close())
     traj.stop_reason = reason

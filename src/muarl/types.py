@@ -71,6 +71,9 @@ class Intent(_Model):
     proposed action against them before confirming. ``first_args`` is what the user asks for before
     changing their mind. ``out_of_policy`` marks a request the agent must refuse (the user insists anyway).
     ``question``/``answer`` describe an information request whose answer the agent must say.
+    ``say`` is the request in the user's own words (the first request, with ``first_args``) and
+    ``change_say`` what it says when it changes its mind; both may name facts of ``Scenario.known`` as
+    ``{key}`` placeholders. Without them the generic scripted user words the intent from ``description``.
     """
 
     description: str
@@ -82,13 +85,16 @@ class Intent(_Model):
     question: str | None = None
     answer: str | None = None
     user_actions: list[Action] = Field(default_factory=list)
+    say: str | None = None
+    change_say: str | None = None
 
 
 class Scenario(_Model):
     """The structured side of a task, playable by a scripted user.
 
     ``known`` holds every fact the user can state (name, zip, email, order ids ...); keys listed in
-    ``withheld`` are only revealed when the agent asks for them.
+    ``withheld`` are only revealed when the agent asks for them. ``fact_words`` lists how an agent may
+    name a fact when it asks for it (``{"card_number": ["library card"]}``), besides the key in words.
     """
 
     persona: str
@@ -96,6 +102,7 @@ class Scenario(_Model):
     withheld: list[str] = Field(default_factory=list)
     intents: list[Intent] = Field(default_factory=list)
     traits: list[str] = Field(default_factory=list)
+    fact_words: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class Task(_Model):

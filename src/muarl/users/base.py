@@ -11,9 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from muarl.types import Task
+
+if TYPE_CHECKING:
+    from muarl.domain import Domain
 
 #: Runs one user tool: (tool name, arguments) -> the text the user sees.
 Act = Callable[[str, dict[str, Any]], Awaitable[str]]
@@ -58,3 +61,9 @@ class UserSimulator(ABC):
     @abstractmethod
     def session(self, task: Task, seed: int) -> UserSession:
         """A fresh session playing ``task``."""
+
+    def for_domain(self, domain: Domain) -> UserSimulator:
+        """This simulator bound to the domain an episode runs in (the episode loop calls it before
+        :meth:`session`), so that it can play that domain's way (its ``user_script``, its stand-in user)
+        without looking the domain up by name. The default ignores the domain and returns ``self``."""
+        return self

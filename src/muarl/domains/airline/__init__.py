@@ -14,6 +14,7 @@ from muarl.domains.airline.data import build_db
 from muarl.domains.airline.tasks import build_tasks
 from muarl.domains.airline.teacher import AirlineTeacher
 from muarl.domains.airline.tools import TOOLS
+from muarl.domains.airline.user_script import AirlineUserScript
 
 _HERE = Path(__file__).parent
 
@@ -39,6 +40,7 @@ DOMAIN = Domain(
     db_size=200,
     task_counts={"train": 200, "dev": 40, "test": 80},
     tasks_file=_HERE / "tasks.json",
+    user_script=AirlineUserScript(),
     teacher=AirlineTeacher,
 )
 

@@ -11,6 +11,7 @@ from muarl.domains.retail.data import build_db
 from muarl.domains.retail.tasks import build_tasks
 from muarl.domains.retail.teacher import RetailTeacher
 from muarl.domains.retail.tools import TOOLS
+from muarl.domains.retail.user_script import RetailUserScript
 
 _HERE = Path(__file__).parent
 
@@ -31,6 +32,7 @@ DOMAIN = Domain(
     db_size=300,
     task_counts={"train": 240, "dev": 40, "test": 80},
     tasks_file=_HERE / "tasks.json",
+    user_script=RetailUserScript(),
     teacher=RetailTeacher,
 )
 register(DOMAIN)

@@ -17,6 +17,7 @@ from .data import build_db
 from .tasks import build_tasks
 from .teacher import TelecomTeacher
 from .tools import TOOLS
+from .user_script import TelecomUserScript
 from .user_tools import USER_TOOLS
 
 _OWNED = {"customers", "lines", "bills", "devices"}
@@ -44,6 +45,7 @@ DOMAIN = Domain(
     db_size=200,
     task_counts={"train": 200, "dev": 40, "test": 80},
     tasks_file=Path(__file__).with_name("tasks.json"),
+    user_script=TelecomUserScript(),
     teacher=TelecomTeacher,
 )
 
