@@ -17,6 +17,9 @@ from muarl.gold import gold_score
 from muarl.types import SPLITS
 
 BUILTIN = ["retail", "airline", "telecom"]
+#: domains whose tasks muarl imports unchanged from another benchmark: a gold call of theirs that fails while
+#: the task still reaches its gold database is that benchmark's data, reported as a warning, not a failure
+IMPORTED_TASKS = ("tau2:", "bfcl:")
 #: modules defining ``add_commands(subparsers)``: demo, training options, eval/compare/chat, view, MCP
 COMMAND_MODULES = ("muarl.demo", "muarl.train.cli", "muarl.eval_cli", "muarl.report.cli", "muarl.mcp.cli")
 
@@ -45,9 +48,10 @@ def _gold_cmd(args: argparse.Namespace) -> int:
     names = BUILTIN if args.domain == "all" else [args.domain]
     splits = [args.split] if args.split else list(SPLITS)
     console = Console(stderr=args.json)
-    summary, failures = [], []
+    summary, failures, warnings = [], [], []
     for name in names:
         domain = get_domain(name)
+        imported = name.startswith(IMPORTED_TASKS)
         for split in splits:
             start = time.perf_counter()
             tasks = domain.tasks(split)
@@ -56,9 +60,11 @@ def _gold_cmd(args: argparse.Namespace) -> int:
                 traj = gold_score(domain, task)
                 assert traj.reward is not None
                 errors = [f"{r.name}: {r.output}" for r in traj.tool_log if not r.ok]
-                good = traj.reward.reward == 1.0 and not errors
+                good = traj.reward.reward == 1.0 and (not errors or imported)
                 passed += good
                 violations += len(traj.reward.violations)
+                if good and errors:
+                    warnings.append({"task": task.id, "domain": name, "failed_actions": errors})
                 if not good:
                     failures.append({"task": task.id, "family": task.family, "diff": traj.reward.diff,
                                      "failed_actions": errors,
@@ -67,7 +73,7 @@ def _gold_cmd(args: argparse.Namespace) -> int:
                             "violations": violations, "seconds": round(time.perf_counter() - start, 3)})
     ok = all(s["passed"] == s["tasks"] for s in summary)
     if args.json:
-        print(json.dumps({"ok": ok, "summary": summary, "failures": failures}, indent=1))
+        print(json.dumps({"ok": ok, "summary": summary, "failures": failures, "warnings": warnings}, indent=1))
     else:
         table = Table(title="gold replay: every task's gold actions through a fresh env")
         for col in ("domain", "split", "tasks", "reward 1.0", "violations", "seconds"):
@@ -80,6 +86,10 @@ def _gold_cmd(args: argparse.Namespace) -> int:
         for f in failures[:20]:
             console.print(f"[red]FAILED[/red] {f['task']} ({f['family']}): failed actions {f['failed_actions']}, "
                           f"failed checks {f['checks']}, diff {f['diff'][:5]}")
+        if warnings:
+            console.print(f"[yellow]warning: {len(warnings)} task(s) of {', '.join(sorted({w['domain'] for w in warnings}))} "
+                          "have gold calls that fail (the benchmark's own data, imported as is); each still reaches "
+                          f"its gold database. First: {warnings[0]['task']}: {warnings[0]['failed_actions'][0]}[/yellow]")
         console.print("[green]all gold trajectories score 1.0[/green]" if ok else
                       f"[red]{len(failures)} task(s) do not score 1.0[/red]")
     return 0 if ok else 1
@@ -89,19 +99,22 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
 
+    from muarl.eval_cli import check_positive, limit_kwargs
     from muarl.factory import make_policy, make_user
+    from muarl.faults import require_unfaulted
     from muarl.rollout import EpisodeConfig, RolloutEngine
 
+    check_positive(args, "n", "limit", "concurrency", "max_turns", "max_new_tokens")
     domain = get_domain(args.domain)
     tasks = domain.tasks(args.split)
     if args.limit:
         tasks = tasks[: args.limit]
+    config = EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
+                           require_outputs=not args.no_required_outputs, **limit_kwargs(args))
     policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    user = make_user(args.user)
+    user = make_user(args.user, http_timeout=args.user_http_timeout)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
-                           require_outputs=not args.no_required_outputs)
     engine = RolloutEngine(domain, policy, user, config, group_size=args.n, concurrency=args.concurrency,
                            common_user_seed=not args.independent_users, seed=args.seed,
                            out=out / "trajectories.jsonl")
@@ -117,23 +130,32 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
                                                 "mean_turns", "malformed_calls")))
     console.print(table)
     console.print(f"stop reasons: {summary['stop_reasons']}")
+    if summary["faults"]:
+        console.print(f"[yellow]faulted episodes by kind: {summary['faults']} (each trajectory's metadata.fault "
+                      "says why)[/yellow]")
     console.print(f"trajectories: {out / 'trajectories.jsonl'}")
+    require_unfaulted(trajs, f"rollout; the trajectories are in {out / 'trajectories.jsonl'}")
     return 0
 
 
 def _summary(trajs: list) -> dict:
     from collections import Counter
 
-    n = max(len(trajs), 1)
-    rewards = [t.reward for t in trajs if t.reward is not None]
+    from muarl.faults import fault_counts
+
+    clean = [t for t in trajs if not t.fault_kind]  # faulted episodes say nothing about the agent
+    n = max(len(clean), 1)
+    rewards = [t.reward for t in clean if t.reward is not None]
     return {
         "episodes": len(trajs),
         "success": round(sum(r.reward for r in rewards) / n, 4),
         "tcr": round(sum(r.tcr for r in rewards) / n, 4),
         "violation_rate": round(sum(bool(r.violations) for r in rewards) / n, 4),
         "sim_faults": sum(t.sim_fault for t in trajs),
-        "mean_turns": round(sum(t.turns for t in trajs) / n, 2),
+        "mean_turns": round(sum(t.turns for t in clean) / n, 2),
         "malformed_calls": sum(t.malformed_calls for t in trajs),
+        "faults": fault_counts(trajs),
+        "tool_errors": dict(Counter(r.error or "error" for t in trajs for r in t.tool_log if not r.ok)),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajs).most_common()),
     }
 
@@ -141,16 +163,20 @@ def _summary(trajs: list) -> dict:
 def _synth_cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from muarl.eval_cli import check_positive, limit_kwargs
     from muarl.factory import make_policy, make_user
+    from muarl.rollout import EpisodeConfig
     from muarl.synth import synthesize
 
+    check_positive(args, "n", "concurrency")
+    config = EpisodeConfig(require_outputs=True, **limit_kwargs(args))
     names = BUILTIN if args.domain == ["all"] else args.domain
     domains = [get_domain(n) for n in names]
     teacher = make_policy(args.teacher, temperature=args.temperature, seed=args.seed)
-    report = synthesize(domains, teacher, make_user(args.user), Path(args.out), split=args.split, n=args.n,
-                        families=args.families, exclude=args.exclude_families, behaviours=args.behaviours,
-                        exclude_behaviours=args.exclude_behaviours, seed=args.seed,
-                        concurrency=args.concurrency)
+    report = synthesize(domains, teacher, make_user(args.user, http_timeout=args.user_http_timeout), Path(args.out),
+                        split=args.split, n=args.n, families=args.families, exclude=args.exclude_families,
+                        behaviours=args.behaviours, exclude_behaviours=args.exclude_behaviours, seed=args.seed,
+                        concurrency=args.concurrency, config=config)
     table = Table(title=f"cold-start synthesis: {args.teacher} x {args.user} on {args.split}")
     for col in ("domain/family", "played", "kept"):
         table.add_column(col)
@@ -178,6 +204,8 @@ def _init_model_cmd(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from muarl.eval_cli import add_limit_options
+
     parser = argparse.ArgumentParser(prog="muarl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("domains", help="list domains with task counts per split")
@@ -205,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give each group member its own user seed (default: one seed per group)")
     p.add_argument("--end-on-malformed", action="store_true", help="end an episode on a malformed tool call")
     p.add_argument("--no-required-outputs", action="store_true", help="grade the DB only (training-style)")
+    add_limit_options(p)
     p.set_defaults(func=_rollout_cmd)
     p = sub.add_parser("synth", help="cold-start data: a teacher plays tasks; clean wins become an SFT data set")
     p.add_argument("--domain", nargs="+", default=["all"], help="one or more domains, or 'all' (built-ins)")
@@ -223,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    add_limit_options(p)
     p.set_defaults(func=_synth_cmd)
     p = sub.add_parser("sft", help="supervised fine-tuning on a synthesized data set (loss on agent tokens only)")
     p.add_argument("--data", nargs="+", required=True, help="sft.jsonl file(s) written by `muarl synth`")
@@ -273,9 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from muarl.factory import SpecError
+    from muarl.faults import AllEpisodesFaulted
 
     try:
         return args.func(args)
+    except AllEpisodesFaulted as err:  # the run played, but measured nothing: a failure, said in one line
+        print(f"muarl: error: {err}", file=sys.stderr)
+        return 1
     except KeyError as err:  # unknown domain or task: a clear message, not a traceback
         print(f"muarl: error: {err.args[0]}", file=sys.stderr)
         return 2

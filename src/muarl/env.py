@@ -32,6 +32,9 @@ class Env:
         ctx.update(context or {})
         self.db: DBView = domain.database().view(ctx)
         self.log: list[ToolRecord] = []
+        #: call id -> traceback of each call whose tool raised (an "internal" error): the episode loop
+        #: records it with the episode's tool fault
+        self.tracebacks: dict[str, str] = {}
         self._ids = itertools.count()
 
     def call(
@@ -65,7 +68,8 @@ class Env:
         try:
             outcome = tool.run(self.db, args)
         except Exception as err:  # a bug in a tool must not crash an episode; it is logged loudly
-            log.warning("tool %s raised %s\n%s", name, err, traceback.format_exc())
+            self.tracebacks[call_id] = traceback.format_exc()
+            log.warning("tool %s raised %s\n%s", name, err, self.tracebacks[call_id])
             self.db.rollback()
             self.db.authenticated = authenticated
             record.ok, record.error = False, "internal"
@@ -86,8 +90,10 @@ class Env:
     async def acall(
         self, name: str, arguments: Any = None, *, actor: Actor = "agent", call_id: str | None = None
     ) -> ToolRecord:
-        """:meth:`call` for the episode loop. Local tools run inline; an env whose tools do I/O (an MCP
-        server's) overrides this so that a slow or hung tool never stalls the other episodes."""
+        """:meth:`call` for an async caller. Local tools run inline; an env whose tools do I/O (an MCP
+        server's) overrides this so that a slow or hung tool never stalls the other episodes. (The
+        episode loop runs an env that does not override this in a thread, under its tool time limit: see
+        :func:`muarl.rollout.call_tool`.)"""
         return self.call(name, arguments, actor=actor, call_id=call_id)
 
     def run(self, action: Action) -> ToolRecord:

@@ -23,10 +23,36 @@ def _episode_config(args: argparse.Namespace) -> Any:
     from muarl.rollout import EpisodeConfig
 
     return EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
-                         require_outputs=not args.no_required_outputs)
+                         require_outputs=not args.no_required_outputs, **limit_kwargs(args))
 
 
-def _check_positive(args: argparse.Namespace, *names: str) -> None:
+def add_limit_options(p: argparse.ArgumentParser, defaults: bool = True) -> None:
+    """``--user-timeout``, ``--agent-timeout``, ``--tool-timeout`` and ``--user-http-timeout`` (eval, rollout,
+    synth, grpo): a party that hits its limit faults its episode instead of hanging the run.
+
+    With ``defaults=False`` an option left out is None, for commands whose config holds the defaults."""
+    from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S
+    from muarl.users.llm import HTTP_TIMEOUT_S
+
+    for flag, default, what in (("--user-timeout", USER_TIMEOUT_S, "one user turn (device actions included)"),
+                                ("--agent-timeout", AGENT_TIMEOUT_S, "one agent turn"),
+                                ("--tool-timeout", TOOL_TIMEOUT_S, "one tool call")):
+        p.add_argument(flag, type=float, default=default if defaults else None, metavar="SECONDS",
+                       help=f"time limit of {what}; past it the episode is a fault, left out of the metrics "
+                            f"(default {default:g}; 0: no limit)")
+    p.add_argument("--user-http-timeout", type=float, default=None, metavar="SECONDS",
+                   help=f"llm: users: seconds one HTTP request to the user's endpoint may take before it is "
+                        f"retried (default {HTTP_TIMEOUT_S:g})")
+
+
+def limit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The time limits given on the command line, as :class:`~muarl.rollout.EpisodeConfig` fields (0: none)."""
+    given = {name: getattr(args, name, None) for name in ("user_timeout", "agent_timeout", "tool_timeout")}
+    return {name: value or None for name, value in given.items() if value is not None}
+
+
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a count below 1 in one line naming the option (before it reaches code with other names)."""
     for name in names:
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -38,7 +64,7 @@ def _eval_cmd(args: argparse.Namespace) -> int:
     from muarl.evaluate import REPORT, RESULTS, TRAJECTORIES, evaluate
     from muarl.factory import make_policy, make_user
 
-    _check_positive(args, "k", "limit", "concurrency", "max_turns", "max_new_tokens")
+    check_positive(args, "k", "limit", "concurrency", "max_turns", "max_new_tokens")
     domain = get_domain(args.domain)
     tasks = domain.tasks(args.split)
     if args.tasks:
@@ -52,7 +78,7 @@ def _eval_cmd(args: argparse.Namespace) -> int:
         tasks = tasks[: args.limit]
     policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                          seed=args.seed)
-    user = make_user(args.user)
+    user = make_user(args.user, http_timeout=args.user_http_timeout)
     meta = {"policy": args.policy, "user": args.user, "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "split": "+".join(sorted({t.split for t in tasks}))}
     out = Path(args.out)
@@ -66,9 +92,10 @@ def _eval_cmd(args: argparse.Namespace) -> int:
     t = result.timing
     console.print(f"{t['episodes_run']} episodes played, {t['episodes_resumed']} already done, in "
                   f"{t['wall_s']:.1f} s; wrote {out / RESULTS}, {out / REPORT} and {out / TRAJECTORIES}")
-    if result.metrics["sim_fault_rate"]:
-        console.print(f"[yellow]{result.metrics['sim_fault_rate']:.1%} of episodes were simulator faults "
-                      f"({args.sim_faults}d from the metrics)[/yellow]")
+    if result.metrics.get("fault_rate"):
+        kinds = ", ".join(f"{kind} {n}" for kind, n in result.metrics["faults"].items())
+        console.print(f"[yellow]{result.metrics['fault_rate']:.1%} of episodes faulted ({kinds}; "
+                      f"{args.sim_faults}d from the metrics; each trajectory's metadata.fault says why)[/yellow]")
     return 0
 
 
@@ -76,19 +103,24 @@ def print_metrics(console: Console, result: Any) -> None:
     """The headline metrics, stop reasons and tool-call mix of one evaluation."""
     m, c, k = result.metrics, result.config, result.k
     keys = [f"pass^{j}" for j in range(1, k + 1)] + ["accuracy", "tcr", "avg_turns", "violation_rate",
-                                                      "transfer_rate", "sim_fault_rate"]
+                                                      "transfer_rate", "sim_fault_rate", "fault_rate",
+                                                      "tool_error_rate"]
     table = Table(title=f"eval {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}, "
                         f"{m['tasks']} tasks, {m['episodes']} episodes")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in keys:
-        table.add_row(key.replace("_", " "), _fmt(m[key]))
+        table.add_row(key.replace("_", " "), _fmt(m.get(key)))
     console.print(table)
     console.print("stop reasons: " + ", ".join(f"{r} {n}" for r, n in m["stop_reasons"].items()))
     calls = sorted(m["tool_calls"].items(), key=lambda kv: -kv[1])
     console.print("agent tool calls per trial: " + ", ".join(f"{n} {v:.2f}" for n, v in calls))
     if m.get("violations"):
         console.print("violations: " + ", ".join(f"{kind} {n}" for kind, n in m["violations"].items()))
+    if m.get("faults"):
+        console.print("faulted episodes by kind: " + ", ".join(f"{kind} {n}" for kind, n in m["faults"].items()))
+    if m.get("tool_errors"):
+        console.print("failed tool calls by error: " + ", ".join(f"{kind} {n}" for kind, n in m["tool_errors"].items()))
 
 
 def print_tasks(console: Console, result: Any) -> None:
@@ -105,7 +137,7 @@ def print_tasks(console: Console, result: Any) -> None:
 def _compare_cmd(args: argparse.Namespace) -> int:
     from muarl.compare import compare_runs, load_run
 
-    _check_positive(args, "samples")
+    check_positive(args, "samples")
     if not 0 < args.confidence < 1:
         raise ValueError(f"--confidence must be between 0 and 1 (got {args.confidence})")
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
@@ -139,7 +171,7 @@ def _chat_cmd(args: argparse.Namespace) -> int:
     from muarl.factory import make_policy
     from muarl.human import run_chat
 
-    _check_positive(args, "max_turns", "max_new_tokens")
+    check_positive(args, "max_turns", "max_new_tokens")
     domain = get_domain(args.domain)
     if args.task:
         task = domain.task(args.task)
@@ -182,10 +214,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--tasks", nargs="+", metavar="ID", help="only these task ids (any split)")
     p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once (default 64)")
     p.add_argument("--sim-faults", choices=SIM_FAULT_MODES, default="exclude",
-                   help="simulator-fault episodes: left out of the metrics (default) or counted as failures")
+                   help="faulted episodes (user, policy or tool faults and timeouts): left out of the metrics "
+                        "(default) or counted as failures")
     p.add_argument("--show-tasks", action="store_true", help="also print the per-task table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _episode_options(p)
+    add_limit_options(p)
     p.set_defaults(func=_eval_cmd)
 
     p = sub.add_parser("compare", help="per-metric differences of two eval runs with paired bootstrap CIs")

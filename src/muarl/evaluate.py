@@ -7,11 +7,15 @@ moment it ends, so a killed evaluation loses nothing and a rerun with the same d
 missing trials; the metrics are computed from the trajectories in task and trial order, never in
 completion order, so a resumed run reports exactly what an uninterrupted one would.
 
-Simulator faults (the user simulator broke after its retries) are by default *left out* of every
-denominator: such an episode says nothing about the agent, the training loop masks it for the same
-reason, and ``sim_fault_rate`` reports how many there were so nothing is hidden. ``sim_faults="fail"``
-counts them as failed trials instead (tau-bench counts every episode), for comparisons with numbers
-computed that way.
+Faulted episodes (the user simulator broke after its retries, or a user, policy session or tool raised,
+returned something malformed or ran out of time: see :mod:`muarl.faults`) are by default *left out* of
+every denominator: such an episode says nothing about the agent, the training loop masks it for the same
+reason, and ``fault_rate`` / ``faults`` (by kind) and ``sim_fault_rate`` (user faults) report how many
+there were so nothing is hidden. ``sim_faults="fail"`` counts them as failed trials instead (tau-bench
+counts every episode), for comparisons with numbers computed that way. A run in which every episode
+faulted raises :class:`~muarl.faults.AllEpisodesFaulted` (after writing its results) rather than report
+metrics over nothing. Tool failures the agent saw (errors by kind, ``tool_error_rate``) are counted over
+every episode.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from muarl.domain import Domain
+from muarl.faults import fault_counts, require_unfaulted
 from muarl.policies.base import Policy
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
 from muarl.types import Task, Trajectory
@@ -59,18 +64,18 @@ def pass_hat_k(n: int, c: int, k: int) -> float | None:
 
 def _counts(traj: Trajectory, sim_faults: SimFaults) -> bool:
     """Whether an episode is a trial that enters the denominators."""
-    return not (traj.sim_fault and sim_faults == "exclude")
+    return not (traj.fault_kind and sim_faults == "exclude")
 
 
 def _reward(traj: Trajectory) -> float:
-    """The trial's reward; a simulator fault that is counted is a failure whatever the final DB says."""
-    if traj.sim_fault or traj.reward is None:
+    """The trial's reward; a faulted episode that is counted is a failure whatever the final DB says."""
+    if traj.fault_kind or traj.reward is None:
         return 0.0
     return traj.reward.reward
 
 
 def _tcr(traj: Trajectory) -> float:
-    if traj.sim_fault or traj.reward is None:
+    if traj.fault_kind or traj.reward is None:
         return 0.0
     return traj.reward.tcr
 
@@ -106,6 +111,7 @@ def task_row(task_id: str, family: str, trajs: Sequence[Trajectory], k: int,
         "violation_rate": _round(violations / n) if n else None,
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
         "sim_faults": sum(t.sim_fault for t in trajs),
+        "faults": sum(bool(t.fault_kind) for t in trajs),
         "rewards": [_reward(t) if _counts(t, sim_faults) else None for t in trajs],
     })
     return row
@@ -116,8 +122,8 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
     """(metrics, per-task rows, per-family metrics) of one evaluation; ``groups`` holds each task's trials.
 
     Episode-level means (accuracy, TCR, turns, rates, tool calls) are over trials, i.e. over every episode
-    except, with ``sim_faults="exclude"``, simulator faults; ``pass^j`` is the mean over the tasks that have
-    at least j trials; ``stop_reasons`` and ``sim_fault_rate`` count every episode.
+    except, with ``sim_faults="exclude"``, faulted ones; ``pass^j`` is the mean over the tasks that have
+    at least j trials; ``stop_reasons``, the fault counts and the tool-error counts cover every episode.
     """
     if sim_faults not in SIM_FAULT_MODES:
         raise ValueError(f"sim_faults must be one of {SIM_FAULT_MODES}, not {sim_faults!r}")
@@ -148,10 +154,13 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
         "violation_rate": _mean([float(_violated(t)) for t in trials]),
         "violations": dict(sorted(kinds.items())),
-        "db_match_rate": _mean([float(not t.sim_fault and t.reward is not None and t.reward.db_match)
+        "db_match_rate": _mean([float(not t.fault_kind and t.reward is not None and t.reward.db_match)
                                 for t in trials]),
         "malformed_calls": _mean([t.malformed_calls for t in trials]),
         "sim_fault_rate": _mean([float(t.sim_fault) for t in everything]),
+        "fault_rate": _mean([float(bool(t.fault_kind)) for t in everything]),
+        "faults": fault_counts(everything),
+        **_tool_errors(everything),
         "stop_reasons": dict(Counter(t.stop_reason for t in everything).most_common()),
         "episodes": len(everything),
         "trials": n,
@@ -169,6 +178,15 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
         entry["accuracy"] = _mean([x for r in fam_rows for x in r["rewards"] if x is not None])
         fams[name] = entry
     return metrics, rows, fams
+
+
+def _tool_errors(trajs: Sequence[Trajectory]) -> dict[str, Any]:
+    """Failed tool calls (agent's and user's) over every episode: the rate per call and counts by error
+    kind (unknown_tool, invalid_arguments, domain, internal, tool_fault), so a broken tool shows up."""
+    records = [r for t in trajs for r in t.tool_log]
+    errors = Counter(r.error or "error" for r in records if not r.ok)
+    return {"tool_error_rate": _round(sum(errors.values()) / len(records)) if records else None,
+            "tool_errors": dict(sorted(errors.items()))}
 
 
 # -- results -------------------------------------------------------------------------------------------------
@@ -207,13 +225,21 @@ class EvalResult:
         c, m, k = self.config, self.metrics, self.k
         passes = [f"pass^{j}" for j in range(1, k + 1)]
         lines = [f"# Evaluation: {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}",
-                 "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; sim faults "
+                 "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; faults "
                  f"{c.get('sim_faults', 'exclude')}d), seed {c.get('seed')}, max turns {c.get('max_turns')}.", "",
                  "| " + " | ".join([*passes, "accuracy", "TCR", "avg turns", "violation rate", "transfer rate",
-                                    "sim-fault rate"]) + " |",
-                 "|" + "---|" * (k + 6),
-                 "| " + " | ".join(_fmt(m[key]) for key in [*passes, "accuracy", "tcr", "avg_turns", "violation_rate",
-                                                             "transfer_rate", "sim_fault_rate"]) + " |", ""]
+                                    "sim-fault rate", "fault rate", "tool error rate"]) + " |",
+                 "|" + "---|" * (k + 8),
+                 "| " + " | ".join(_fmt(m.get(key)) for key in [*passes, "accuracy", "tcr", "avg_turns",
+                                                                 "violation_rate", "transfer_rate", "sim_fault_rate",
+                                                                 "fault_rate", "tool_error_rate"]) + " |", ""]
+        if m.get("faults"):
+            lines += ["## Faults (left out of the metrics)" if c.get("sim_faults", "exclude") == "exclude"
+                      else "## Faults (counted as failures)", "", "| kind | episodes |", "|---|---|"]
+            lines += [f"| {kind} | {n} |" for kind, n in m["faults"].items()] + [""]
+        if m.get("tool_errors"):
+            lines += ["## Tool errors (every episode)", "", "| error | calls |", "|---|---|"]
+            lines += [f"| {kind} | {n} |" for kind, n in m["tool_errors"].items()] + [""]
         lines += ["## Stop reasons", "", "| stop reason | episodes |", "|---|---|"]
         lines += [f"| {r} | {n} |" for r, n in m["stop_reasons"].items()]
         lines += ["", "## Tool calls (mean per trial)", "", "| tool | agent calls |", "|---|---|"]
@@ -228,11 +254,12 @@ class EvalResult:
             lines.append(f"| {name} | {f['tasks']} | " + " | ".join(_fmt(f[key]) for key in [*passes, "accuracy"])
                          + " |")
         lines += ["", "## Tasks", "", "| task | family | trials | successes | " + " | ".join(passes)
-                  + " | TCR | avg turns | violations | sim faults |", "|---|---|---|---|" + "---|" * (k + 4)]
+                  + " | TCR | avg turns | violations | faults |", "|---|---|---|---|" + "---|" * (k + 4)]
         for r in self.tasks:
             lines.append(f"| {r['task_id']} | {r['family']} | {r['trials']} | {r['successes']} | "
                          + " | ".join(_fmt(r[p]) for p in passes)
-                         + f" | {_fmt(r['tcr'])} | {_fmt(r['avg_turns'])} | {r['violations']} | {r['sim_faults']} |")
+                         + f" | {_fmt(r['tcr'])} | {_fmt(r['avg_turns'])} | {r['violations']} | "
+                         f"{r.get('faults', r['sim_faults'])} |")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -351,7 +378,8 @@ async def evaluate_async(
         "domain": domain.name, "split": _split_of(tasks), "policy": getattr(policy, "name", type(policy).__name__),
         "user": getattr(user, "name", type(user).__name__), "k": k, "seed": seed, "max_turns": config.max_turns,
         "end_on_malformed": config.end_on_malformed, "require_outputs": config.require_outputs,
-        "sim_faults": sim_faults, **dict(meta or {}),
+        "sim_faults": sim_faults, "user_timeout": config.user_timeout, "agent_timeout": config.agent_timeout,
+        "tool_timeout": config.tool_timeout, **dict(meta or {}),
     }
     out = Path(out_dir) if out_dir is not None else None
     resumed = 0
@@ -371,6 +399,8 @@ async def evaluate_async(
     result = EvalResult(run_config, metrics, rows, groups, fams, timing)
     if out is not None:
         result.write(out)
+    where = f"; the trajectories are in {out / TRAJECTORIES}" if out is not None else ""
+    require_unfaulted((t for g in groups for t in g), f"evaluation of {domain.name}{where}")
     return result
 
 
@@ -398,10 +428,13 @@ def evaluate(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(evaluate_async(domain, policy, user, tasks, k=k, out_dir=out_dir, config=config,
-                                          seed=seed, concurrency=concurrency, progress=progress,
-                                          sim_faults=sim_faults, meta=meta))
-    raise RuntimeError("evaluate() was called inside a running event loop; use `await evaluate_async(...)`")
+        pass  # none running: the normal case. Run outside this handler, or every exception raised during
+        # the evaluation (a tool's, logged with its traceback) would be chained to this "no running event loop"
+    else:
+        raise RuntimeError("evaluate() was called inside a running event loop; use `await evaluate_async(...)`")
+    return asyncio.run(evaluate_async(domain, policy, user, tasks, k=k, out_dir=out_dir, config=config,
+                                      seed=seed, concurrency=concurrency, progress=progress,
+                                      sim_faults=sim_faults, meta=meta))
 
 
 def _fmt(value: Any) -> str:

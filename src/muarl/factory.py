@@ -51,7 +51,10 @@ def make_policy(spec: str, **options: Any) -> Policy:
     raise SpecError(f"unknown policy {spec!r}; use expert, expert-noconfirm, hf:PATH or openai:URL#MODEL")
 
 
-def make_user(spec: str) -> UserSimulator:
+def make_user(spec: str, http_timeout: float | None = None) -> UserSimulator:
+    """A user from its spec; ``http_timeout`` sets an llm: user's per-request HTTP timeout (seconds)."""
+    if http_timeout is not None and http_timeout <= 0:
+        raise SpecError(f"--user-http-timeout must be above 0 seconds, not {http_timeout:g}")
     if spec == "scripted":
         from muarl.users.scripted import ScriptedUser
 
@@ -60,7 +63,8 @@ def make_user(spec: str) -> UserSimulator:
         from muarl.users.llm import LLMUser
 
         url, model = _endpoint(spec, "user")
-        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+        timeout = {"timeout": http_timeout} if http_timeout is not None else {}
+        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **timeout)
     if spec.startswith("replay:"):
         from muarl.rollout import load_trajectories
         from muarl.users.replay import ReplayUser

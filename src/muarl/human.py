@@ -27,6 +27,7 @@ import shlex
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -298,7 +299,10 @@ def show_outcome(console: Console, traj: Trajectory) -> None:
     """The score of the finished conversation: reward, checks, violations and the difference from gold."""
     r = traj.reward
     if r is None:
-        console.print("[red]the episode was not scored[/red]")
+        from muarl.faults import fault_message
+
+        why = f" (fault {traj.fault_kind}: {escape(fault_message(traj))})" if traj.fault_kind else ""
+        console.print(f"[red]the episode was not scored[/red]{why}")
         return
     style = "green" if r.reward == 1.0 else "red"
     lines = [f"[{style}]reward {r.reward:.1f}[/{style}]  (database matches gold: {r.db_match}; required outputs "
@@ -306,8 +310,10 @@ def show_outcome(console: Console, traj: Trajectory) -> None:
     lines += [f"[red]failed check[/red] {escape(c.name)} {escape(c.detail)}" for c in r.checks if not c.passed]
     lines += [f"[red]violation[/red] {v.kind}: {escape(v.tool)} {escape(v.detail)}" for v in r.violations]
     lines += [f"diff: {escape(d)}" for d in r.diff[:20]]
-    if traj.sim_fault:
-        lines.append(f"[yellow]no conversation: {escape(str(traj.metadata.get('sim_fault', '')))}[/yellow]")
+    if traj.fault_kind:
+        from muarl.faults import fault_message
+
+        lines.append(f"[yellow]fault ({traj.fault_kind}), not the agent's doing: {escape(fault_message(traj))}[/yellow]")
     console.print(Panel("\n".join(lines), title="outcome", title_align="left", border_style=style))
 
 
@@ -327,8 +333,9 @@ def run_chat(domain: Domain, task: Task, policy: Policy, *, stream: TextIO | Non
     previous = signal.signal(signal.SIGINT, user.on_sigint) if main else None
     loop = asyncio.new_event_loop()
     try:
-        traj = loop.run_until_complete(run_episode(domain, task, EchoPolicy(policy, console), user, 0,
-                                                   config or EpisodeConfig()))
+        # a person takes the time they take: no user-turn limit (their input is read synchronously anyway)
+        limits = replace(config or EpisodeConfig(), user_timeout=None)
+        traj = loop.run_until_complete(run_episode(domain, task, EchoPolicy(policy, console), user, 0, limits))
     finally:
         loop.close()
         if main:

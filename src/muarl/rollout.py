@@ -4,6 +4,10 @@ One episode, top to bottom: the user opens; the agent answers; tool calls run in
 episode's own env and their results go back to the agent; text without tool calls goes to the user,
 who replies (acting on their device first when asked, in dual-control domains); repeat until a stop.
 The reward is computed whatever the ending.
+
+Each episode is isolated from the parties it calls: an exception, a malformed return or a time-limit
+hit of the user, the policy session or a tool ends that episode with a recorded fault (see
+:mod:`muarl.faults`) instead of ending the run, so the other episodes play on and are saved.
 """
 
 from __future__ import annotations
@@ -11,16 +15,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar, get_args
 
 from muarl.domain import Domain
 from muarl.env import Env
+from muarl.faults import STOP_REASONS, EpisodeFault, Side
+from muarl.limits import LimitExceeded, bounded, call_in_thread
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import score
-from muarl.types import Message, Task, Trajectory
-from muarl.users.base import SimulatorFault, UserSession, UserSimulator
+from muarl.types import Actor, Message, Task, ToolRecord, Trajectory
+from muarl.users.base import SimulatorFault, StopSignal, UserReply, UserSession, UserSimulator
+
+T = TypeVar("T")
+
+#: default time limits (seconds): generous, so only a party that is stuck hits them
+USER_TIMEOUT_S, TOOL_TIMEOUT_S, AGENT_TIMEOUT_S = 120.0, 60.0, 600.0
+#: the command-line option that sets each side's limit, named in a timeout fault's message
+LIMIT_OPTIONS: dict[Side, str] = {"user": "--user-timeout", "policy": "--agent-timeout", "tool": "--tool-timeout"}
 
 
 @dataclass
@@ -34,6 +50,17 @@ class EpisodeConfig:
     end_on_malformed: bool = False
     #: grade required outputs (off for training, on for evaluation, as in the paper)
     require_outputs: bool = True
+    #: seconds one user turn may take (its device actions included), one agent turn, one tool call;
+    #: past it the episode ends with a ``*_timeout`` fault. None or 0: no limit.
+    user_timeout: float | None = USER_TIMEOUT_S
+    agent_timeout: float | None = AGENT_TIMEOUT_S
+    tool_timeout: float | None = TOOL_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("user_timeout", "agent_timeout", "tool_timeout"):
+            value, option = getattr(self, name), "--" + name.replace("_", "-")
+            if value is not None and value < 0:
+                raise ValueError(f"{option} must be at least 0 seconds (0: no limit), not {value}")
 
 
 async def run_episode(
@@ -45,64 +72,192 @@ async def run_episode(
     config: EpisodeConfig | None = None,
     policy_seed: int | None = None,
 ) -> Trajectory:
-    """Play one episode of ``task`` and return its scored trajectory.
+    """Play one episode of ``task`` and return its scored trajectory; a fault of the user, the policy or a
+    tool ends it early and is recorded (``metadata["fault"]``), never raised.
 
     ``seed`` is the user's; ``policy_seed`` fixes the agent's sampling (see :meth:`Policy.session`).
     """
     config = config or EpisodeConfig()
     domain = domain.for_task(task)
     env = domain.env(task)
-    agent = policy.session(domain, task, seed=policy_seed)
     traj = Trajectory(task_id=task.id, domain=domain.name, user_seed=seed)
+    fault: EpisodeFault | None = None
+    agent: PolicySession | None = None
     try:
-        reason, fault = await _play(env, task, agent, user.for_domain(domain).session(task, seed), traj, config)
+        agent = _created("policy", lambda: policy.session(domain, task, seed=policy_seed))
+        session = _created("user", lambda: user.for_domain(domain).session(task, seed))
+        reason = await _play(env, task, agent, session, traj, config)
+    except EpisodeFault as err:
+        fault, reason = err, STOP_REASONS[err.side]
     finally:
-        traj.metadata.update(agent.close())
+        if agent is not None:
+            closing = _close(agent, traj)
+            fault = fault or closing
     traj.stop_reason = reason
-    traj.tool_log = env.log
+    traj.tool_log = list(env.log)  # a copy: an abandoned tool thread may still append to env.log
     if fault is not None:
-        traj.sim_fault = True
-        traj.metadata["sim_fault"] = fault
-    traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
+        _record(traj, fault)
+    if fault is None:
+        traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
+    elif fault.kind != "tool_timeout":  # a hung tool may still be writing to env: no grading
+        with contextlib.suppress(Exception):  # the fault is the episode's story; a grader crash adds nothing
+            traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
     return traj
 
 
-async def _play(
-    env: Env, task: Task, agent: PolicySession, user: UserSession, traj: Trajectory, config: EpisodeConfig
-) -> tuple[str, str | None]:
-    """The conversation itself; returns (stop reason, simulator fault or None). Fills ``traj``."""
+def _created(side: Side, make: Callable[[], T]) -> T:
+    """A per-episode session from its factory; a factory that raises is the episode's fault."""
+    try:
+        return make()
+    except Exception as err:
+        raise EpisodeFault(side, f"creating the {side} session raised {_describe(err)}",
+                           traceback.format_exc()) from err
+
+
+def _close(agent: PolicySession, traj: Trajectory) -> EpisodeFault | None:
+    """Close the agent's session (its metadata goes into the trajectory); a failure is a policy fault."""
+    try:
+        meta = agent.close()
+        traj.metadata.update(meta or {})
+    except Exception as err:
+        return EpisodeFault("policy", f"{type(agent).__name__}.close() raised {_describe(err)}", traceback.format_exc())
+    return None
+
+
+def _record(traj: Trajectory, fault: EpisodeFault) -> None:
+    traj.metadata["fault"] = fault.record()
+    if fault.side == "user":  # the simulator could not produce a turn: what sim_fault has always meant
+        traj.sim_fault = True
+        traj.metadata["sim_fault"] = fault.message
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+async def _guard(side: Side, what: str, make: Callable[[], Awaitable[T]], seconds: float | None) -> T:
+    """Await one call to a party under its time limit; whatever goes wrong becomes an :class:`EpisodeFault`
+    of that party (a fault raised further in, such as a user's device tool, passes through as it is)."""
+    try:
+        return await bounded(make, seconds)
+    except EpisodeFault:
+        raise
+    except LimitExceeded as hit:
+        abandoned = "; its thread is abandoned (a thread cannot be killed)" if hit.abandoned else ""
+        raise EpisodeFault(f"{side}_timeout", f"{what} did not finish within the {LIMIT_OPTIONS[side]} limit "
+                                              f"of {hit.seconds:g} s{abandoned}") from None
+    except SimulatorFault as err:
+        raise EpisodeFault("user", str(err), traceback.format_exc()) from err
+    except Exception as err:
+        raise EpisodeFault(side, f"{what} raised {_describe(err)}", traceback.format_exc()) from err
+
+
+_STOPS = frozenset(get_args(StopSignal))
+
+
+def _checked_reply(reply: Any, what: str) -> UserReply:
+    """The user's turn, or a user fault saying how it is malformed. Empty text is a fault for every
+    user (an LLM user's empty completion always was one): no real customer sends an empty message."""
+    if not isinstance(reply, UserReply):
+        problem = f"returned {type(reply).__name__}, not a UserReply"
+    elif not isinstance(reply.text, str):
+        problem = f"returned text={reply.text!r}, not a string"
+    elif not reply.text.strip():
+        problem = "returned empty text (an empty user turn is a simulator fault)"
+    elif reply.stop is not None and reply.stop not in _STOPS:
+        problem = f"returned stop={reply.stop!r}, not one of {', '.join(sorted(_STOPS))} or None"
+    elif not isinstance(reply.metadata, dict):
+        problem = f"returned metadata of type {type(reply.metadata).__name__}, not a dict"
+    else:
+        return reply
+    raise EpisodeFault("user", f"{what} {problem}")
+
+
+def _checked_turn(turn: Any, what: str) -> AgentTurn:
+    """The agent's turn, or a policy fault saying how it is malformed."""
+    if not isinstance(turn, AgentTurn):
+        problem = f"returned {type(turn).__name__}, not an AgentTurn"
+    elif not isinstance(turn.message, Message) or turn.message.role != "assistant":
+        problem = f"returned an AgentTurn whose message is not an assistant Message ({turn.message!r:.200})"
+    else:
+        return turn
+    raise EpisodeFault("policy", f"{what} {problem}")
+
+
+async def call_tool(env: Env, name: str, arguments: Any, *, actor: Actor, call_id: str,
+                    seconds: float | None) -> ToolRecord:
+    """One tool call under the tool time limit; a tool that raises, hangs or returns no record is a
+    tool fault. An env with local (sync) tools runs the call in a thread, which is abandoned at the limit
+    (see :mod:`muarl.limits`); an env whose tools do I/O (it overrides :meth:`Env.acall`) is awaited."""
+    what = f"the {actor}'s call {call_id} to tool {name}"
+    if type(env).acall is Env.acall:
+        async def run() -> ToolRecord:
+            return await call_in_thread(lambda: env.call(name, arguments, actor=actor, call_id=call_id), seconds)
+    else:
+        async def run() -> ToolRecord:
+            return await bounded(lambda: env.acall(name, arguments, actor=actor, call_id=call_id), seconds)
+    record = await _guard("tool", what, run, None)  # the limit is inside run: a thread's or a deadline
+    if not isinstance(record, ToolRecord):
+        raise EpisodeFault("tool", f"{what} returned {type(record).__name__}, not a ToolRecord")
+    if record.error == "internal":  # the tool itself raised: a bug, not something the agent did
+        raise EpisodeFault("tool", f"{what} failed: {record.output}", env.tracebacks.get(call_id, ""))
+    return record
+
+
+async def _play(env: Env, task: Task, agent: PolicySession, user: UserSession, traj: Trajectory,
+                config: EpisodeConfig) -> str:
+    """The conversation itself; returns the stop reason, raises :class:`EpisodeFault`. Fills ``traj``."""
+    device_faults: list[EpisodeFault] = []  # a user's device-tool fault, even if the user swallowed it
+    user_name = type(user).__name__
+    agent_name = type(agent).__name__
 
     async def act(name: str, arguments: dict) -> str:
         # the id names the user message this action precedes (its index among user messages), so a replay
         # can re-attach user actions to their turn even when no agent call separates two user turns
         turn = sum(m.role == "user" for m in traj.messages)
-        return (await env.acall(name, arguments, actor="user", call_id=f"user_t{turn}_{len(env.log)}")).output
+        try:
+            record = await call_tool(env, name, arguments, actor="user", call_id=f"user_t{turn}_{len(env.log)}",
+                                     seconds=config.tool_timeout)
+        except EpisodeFault as fault:
+            device_faults.append(fault)
+            raise
+        return record.output
 
-    try:
-        opening = await user.start()
-    except SimulatorFault as err:
-        return "sim_fault", str(err)
+    async def user_turn(what: str, make: Callable[[], Awaitable[UserReply]]) -> UserReply:
+        try:
+            reply = await _guard("user", what, make, config.user_timeout)
+        except EpisodeFault:
+            if device_faults:
+                raise device_faults[0] from None
+            raise
+        if device_faults:
+            raise device_faults[0]
+        return _checked_reply(reply, what)
+
+    opening = await user_turn(f"{user_name}.start()", user.start)
     new = [Message(role="system", content=env.domain.policy), Message(role="user", content=opening.text)]
     traj.messages.extend(new)
     while True:
-        turn = await agent.next(new)
+        what = f"{agent_name}.next()"
+        turn = _checked_turn(await _guard("policy", what, partial(agent.next, new), config.agent_timeout), what)
         traj.messages.append(turn.message)
         _append_tokens(traj, turn)
         new = []
         if turn.finish == "context":
-            return "context_limit", None
+            return "context_limit"
         if turn.finish == "length":
-            return "turn_token_limit", None
+            return "turn_token_limit"
         for problem in turn.parse_errors:
             traj.malformed_calls += 1
             new.append(Message(role="tool", name="error", content=f"Error: malformed tool call: {problem}"))
         if turn.parse_errors and config.end_on_malformed:
             traj.messages.extend(new)
-            return "malformed", None
+            return "malformed"
         reason = None
         if turn.message.tool_calls:
             for call in turn.message.tool_calls:
-                record = await env.acall(call.name, call.arguments, call_id=call.id)
+                record = await call_tool(env, call.name, call.arguments, actor="agent", call_id=call.id,
+                                         seconds=config.tool_timeout)
                 traj.turns += 1
                 new.append(Message(role="tool", content=record.output, tool_call_id=call.id, name=call.name))
                 if record.error in ("unknown_tool", "invalid_arguments"):
@@ -114,10 +269,7 @@ async def _play(
                 if reason or traj.turns >= config.max_turns:
                     break
         elif not turn.parse_errors:
-            try:
-                reply = await user.reply(turn.message.content, act)
-            except SimulatorFault as err:
-                return "sim_fault", str(err)
+            reply = await user_turn(f"{user_name}.reply()", partial(user.reply, turn.message.content, act))
             traj.turns += 1
             for key, value in reply.metadata.items():  # simulator counters (retries ...) per episode
                 if isinstance(value, int | float) and not isinstance(value, bool):
@@ -127,9 +279,9 @@ async def _play(
                 reason = f"user_{reply.stop}"
         traj.messages.extend(new)
         if reason:
-            return reason, None
+            return reason
         if traj.turns >= config.max_turns:
-            return "max_turns", None
+            return "max_turns"
 
 
 def _append_tokens(traj: Trajectory, turn: AgentTurn) -> None:

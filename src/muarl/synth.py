@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from muarl.domain import Domain
+from muarl.faults import require_unfaulted
 from muarl.policies.base import Policy
 from muarl.rollout import EpisodeConfig, RolloutEngine
 from muarl.types import Message, Scenario, Task, Trajectory
@@ -95,6 +96,8 @@ def reject_reason(traj: Trajectory) -> str | None:
     """Why a trajectory is not clean training data, or None when it is."""
     if traj.sim_fault:
         return "sim_fault"
+    if traj.fault_kind:  # a policy or tool fault (see muarl.faults): whatever it scored, not clean data
+        return f"{traj.fault_kind}_fault"
     if traj.reward is None or traj.reward.reward != 1.0:
         return "reward"
     if traj.reward.violations:
@@ -189,22 +192,26 @@ def synthesize(
     seed: int = 0,
     concurrency: int = 64,
     progress: bool = True,
+    config: EpisodeConfig | None = None,
 ) -> SynthReport:
     """Play every selected task ``n`` times per domain and write ``out/sft.jsonl`` and ``out/report.json``.
 
     Raw trajectories go to ``out/trajectories/<domain>.jsonl`` as they finish, so an interrupted
-    synthesis resumes where it stopped; the data set is rewritten from them at the end.
+    synthesis resumes where it stopped; the data set is rewritten from them at the end. ``config`` sets
+    the episodes' limits (default: :class:`EpisodeConfig`'s, required outputs graded).
     """
     out.mkdir(parents=True, exist_ok=True)
     (out / "trajectories").mkdir(exist_ok=True)
     report = SynthReport()
     lines: list[str] = []
+    played: list[Trajectory] = []
     for domain in domains:
         tasks = select_tasks(domain.tasks(split), families, exclude, behaviours, exclude_behaviours)
-        engine = RolloutEngine(domain, teacher, user, EpisodeConfig(require_outputs=True), group_size=n,
+        engine = RolloutEngine(domain, teacher, user, config or EpisodeConfig(require_outputs=True), group_size=n,
                                concurrency=concurrency, common_user_seed=False, seed=seed,
                                out=out / "trajectories" / f"{domain.name}.jsonl", progress=progress)
         groups = asyncio.run(engine.run(tasks))
+        played += [t for g in groups for t in g]
         for task, group in zip(tasks, groups, strict=True):
             for traj in group:
                 key = f"{domain.name}/{task.family}"
@@ -218,4 +225,5 @@ def synthesize(
                 lines.append(json.dumps(to_chat_record(domain, task, traj), ensure_ascii=False))
     (out / "sft.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
     (out / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
+    require_unfaulted(played, f"synthesis; the trajectories are in {out / 'trajectories'}")
     return report

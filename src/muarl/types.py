@@ -203,3 +203,16 @@ class Trajectory(_Model):
         """Whether a tool server failed during the episode: its reward says nothing about the agent, so
         training can mask it like a simulator fault (derived from the tool log, so it cannot disagree)."""
         return any(r.error == "tool_fault" for r in self.tool_log)
+
+    @property
+    def fault_kind(self) -> str | None:
+        """What spoiled the episode, if anything the agent did not do (see :mod:`muarl.faults`): the kind
+        recorded in ``metadata["fault"]`` (user, user_timeout, policy, policy_timeout, tool, tool_timeout),
+        else "user" for a simulator fault and "tool" for a tool-server fault; None for a clean episode.
+        Evaluation leaves such episodes out of the success metrics and GRPO out of the gradient."""
+        recorded = self.metadata.get("fault")
+        if isinstance(recorded, dict) and recorded.get("kind"):
+            return str(recorded["kind"])
+        if self.sim_fault:
+            return "user"
+        return "tool" if self.tool_fault else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from muarl.faults import fault_counts, fault_message
 from muarl.types import Task, Trajectory
 
 # where each kind of run keeps its episodes (rollout / eval, synth raw, per-step GRPO rollouts)
@@ -252,6 +253,17 @@ def lanes(traj: Trajectory) -> list[dict[str, Any]]:
     return events
 
 
+def fault_of(traj: Trajectory) -> dict[str, str] | None:
+    """The episode's fault for the page (kind, message, traceback), None for a clean episode. Older
+    trajectories recorded only ``sim_fault`` or a tool-fault record: their kind and message are derived."""
+    kind = traj.fault_kind
+    if kind is None:
+        return None
+    recorded = traj.metadata.get("fault")
+    trace = str(recorded.get("traceback") or "") if isinstance(recorded, dict) else ""
+    return {"kind": kind, "message": fault_message(traj), "traceback": trace}
+
+
 def advantages(rewards: list[float]) -> list[float]:
     """GRPO's group advantages (muarl.algorithms), for groups whose files do not record them."""
     import torch
@@ -302,4 +314,5 @@ def overview(run: Run) -> dict[str, Any]:
         "violation_rate": round(sum(bool(r.violations) for r in rewards) / len(rewards), 4) if rewards else None,
         "mean_turns": round(sum(t.turns for t in trajs) / n, 2) if n else None,
         "stop_reasons": dict(Counter(t.stop_reason or "(none)" for t in trajs).most_common()),
+        "faults": fault_counts(trajs),  # faulted episodes by kind (muarl.faults); their rewards are not the agent's
     }

@@ -34,7 +34,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("loss", ["loss"]),
     ("grad norm", ["grad_norm"]),
     ("clip fraction", ["clip_fraction"]),
-    ("sim faults / violations per episode", ["sim_fault_rate", "violation_rate", "malformed_calls"]),
+    ("faults / violations per episode", ["sim_fault_rate", "fault_rate", "violation_rate", "malformed_calls"]),
     ("seconds per step", ["rollout_s", "reference_s", "update_s"]),
     ("tokens per second", ["tokens_per_s"]),
     ("learning rate", ["lr"]),
@@ -146,7 +146,7 @@ def payload(run: rd.Run, tokenizer: Any | None, tokenizer_name: str) -> dict[str
             "advantage": t.metadata.get("advantage"),
             "reward": t.reward.model_dump() if t.reward else None, "scored_here": e.scored_here,
             "stop_reason": t.stop_reason, "turns": t.turns, "malformed_calls": t.malformed_calls,
-            "sim_fault": t.sim_fault, "user_seed": t.user_seed,
+            "sim_fault": t.sim_fault, "fault": rd.fault_of(t), "user_seed": t.user_seed,
             "system": strings.setdefault(system, len(strings)) if system is not None else None,
             "events": rd.lanes(t), "tokens": tokens, "meta": meta,
         })

@@ -40,6 +40,7 @@ async function loadData() {
 }
 
 function rewardBadge(t) {
+  if (t.fault) return h("span", { class: "badge fault", title: t.fault.message }, "fault: " + t.fault.kind);
   if (!t.reward) return h("span", { class: "badge unscored" }, "unscored");
   const ok = t.reward.reward >= 1;
   return h("span", { class: "badge " + (ok ? "pass" : "fail") }, "reward " + num(t.reward.reward));
@@ -69,12 +70,14 @@ function buildList(sec) {
       h("option", { value: "" }, "all"), h("option", { value: "pass" }, "reward 1"),
       h("option", { value: "fail" }, "reward < 1"), h("option", { value: "unscored" }, "unscored")),
     stop: h("select", { id: "f-stop" }, options(uniq(trajs.map((t) => t.stop_reason)))),
+    fault: h("select", { id: "f-fault" }, options(["none", ...uniq(trajs.map((t) => t.fault && t.fault.kind))])),
     source: h("select", { id: "f-source" }, options(uniq(trajs.map((t) => t.source)))),
   };
   const counter = h("span", { id: "list-count" });
   const bar = h("div", { class: "filters" },
     h("label", {}, "task ", f.task), h("label", {}, "domain ", f.domain), h("label", {}, "reward ", f.reward),
-    h("label", {}, "stop reason ", f.stop), h("label", {}, "file ", f.source), counter);
+    h("label", {}, "stop reason ", f.stop), h("label", {}, "fault ", f.fault), h("label", {}, "file ", f.source),
+    counter);
   const table = h("table", { class: "grid", id: "traj-table" });
   const pager = h("div", { class: "pager" });
   sec.append(bar, table, pager);
@@ -84,6 +87,7 @@ function buildList(sec) {
       (!q || t.task_id.toLowerCase().includes(q) || (t.family || "").toLowerCase().includes(q)) &&
       (!f.domain.value || t.domain === f.domain.value) &&
       (!f.stop.value || t.stop_reason === f.stop.value) &&
+      (!f.fault.value || (t.fault ? t.fault.kind : "none") === f.fault.value) &&
       (!f.source.value || t.source === f.source.value) &&
       (!f.reward.value || (f.reward.value === "unscored" ? !t.reward :
         t.reward && (f.reward.value === "pass") === (t.reward.reward >= 1))));
@@ -166,6 +170,16 @@ function rewardPanel(t) {
       h("li", {}, `${v.kind}: ${v.tool} (${v.detail})`))) : h("p", {}, "none"));
 }
 
+function faultPanel(t) {
+  if (!t.fault) return null;
+  return h("div", { class: "panel fault", id: "fault" },
+    h("h3", {}, `fault: ${t.fault.kind}`),
+    h("p", {}, "Not the agent's doing: this episode is left out of the success metrics and the gradient."),
+    h("pre", { class: "output" }, t.fault.message),
+    t.fault.traceback ? h("details", {}, h("summary", {}, "traceback"), h("pre", { class: "output" }, t.fault.traceback))
+      : null);
+}
+
 function diffPanel(t) {
   const r = t.reward;
   const task = state.data.tasks[`${t.domain}/${t.task_id}`];
@@ -237,6 +251,7 @@ function showTrajectory(i) {
     task ? h("details", { class: "instruction" }, h("summary", {}, "what the simulated user wants"), h("p", {}, task.instruction)) : null,
     t.system !== null ? h("details", {}, h("summary", {}, "system prompt (policy)"),
       h("pre", { class: "output" }, state.data.strings[t.system])) : null,
+    faultPanel(t),
     h("div", { class: "panels" }, rewardPanel(t), diffPanel(t)),
     h("h3", {}, "conversation"), swimlanes(t)];
   if (t.tokens) {

@@ -70,7 +70,8 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
               "penalize_violations", "violation_reward", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
-              "zero_advantage_kl", "gradient_checkpointing"]
+              "zero_advantage_kl", "gradient_checkpointing", "user_timeout", "agent_timeout", "tool_timeout",
+              "user_http_timeout"]
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
@@ -185,4 +186,7 @@ def add_commands(sub: Any) -> None:
               "default 0: only exact skips)")
     _add(grpo, "--gradient-checkpointing", dest="gradient_checkpointing", action=argparse.BooleanOptionalAction,
          default=None, help="recompute activations in backward (default: by need; never on the CPU)")
+    from muarl.eval_cli import add_limit_options
+
+    add_limit_options(grpo, defaults=False)
     grpo.set_defaults(func=_grpo_cmd)

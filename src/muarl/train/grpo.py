@@ -29,8 +29,9 @@ from muarl.algorithms import LossBatch, get_algorithm, informative_groups
 from muarl.algorithms.common import k3_kl
 from muarl.domain import get_domain
 from muarl.factory import make_user
+from muarl.faults import require_unfaulted
 from muarl.policies.hf import HFPolicy
-from muarl.rollout import EpisodeConfig, RolloutEngine
+from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig, RolloutEngine
 from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
@@ -79,7 +80,12 @@ class GRPOConfig(RunSettings):
     max_turns: int = 30
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update and play more tasks instead
     max_rollout_batches: int = 4  # with dynamic_sampling: batches of tasks_per_step tasks played per step, at most
-    mask_sim_faults: bool = True  # also masks tool faults (a crashed MCP server is not the agent's fault)
+    mask_sim_faults: bool = True  # masks every faulted episode (muarl.faults: user, policy, tool, timeouts)
+    # time limits of one user turn, agent turn, tool call (seconds; None: none): a hit is a masked fault
+    user_timeout: float | None = USER_TIMEOUT_S
+    agent_timeout: float | None = AGENT_TIMEOUT_S
+    tool_timeout: float | None = TOOL_TIMEOUT_S
+    user_http_timeout: float | None = None  # an llm: user's per-request HTTP timeout (None: LLMUser's default)
     penalize_violations: bool = False  # train on violation_reward for an episode that broke a policy rule (paper: DB only)
     # the training reward of a rule-breaking episode when penalized: 0 only equals it with a plain failure, so
     # a group of failures gives no signal against the rule; below 0 it does (the demo uses -1)
@@ -106,9 +112,17 @@ class GRPOConfig(RunSettings):
         if self.temperature <= 0 or self.lr <= 0:
             raise ValueError(f"GRPO samples and learns: temperature and lr must be above 0 "
                              f"(got {self.temperature}, {self.lr})")
+        self.episode_config()  # refuses a negative time limit, naming its option
         if self.violation_reward != 0.0 and not self.penalize_violations:
             raise ValueError("GRPO violation_reward applies only with penalize_violations "
                              "(--violation-reward needs --penalize-violations)")
+        if self.user_http_timeout is not None and self.user_http_timeout <= 0:
+            raise ValueError(f"--user-http-timeout must be above 0 seconds, not {self.user_http_timeout:g}")
+
+    def episode_config(self) -> EpisodeConfig:
+        """The episodes' settings: the paper's training ones (required outputs not graded) and the limits."""
+        return EpisodeConfig(max_turns=self.max_turns, require_outputs=False, user_timeout=self.user_timeout or None,
+                             agent_timeout=self.agent_timeout or None, tool_timeout=self.tool_timeout or None)
 
 
 PRESETS: dict[str, GRPOConfig] = {
@@ -183,6 +197,7 @@ def rollout_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
         "turns": sum(t.turns for t in trajs) / n,
         "response_tokens": sum(sum(t.loss_mask) for t in trajs) / n,
         "sim_fault_rate": sum(t.sim_fault for t in trajs) / n,
+        "fault_rate": sum(bool(t.fault_kind) for t in trajs) / n,
         "violation_rate": sum(bool(t.reward and t.reward.violations) for t in trajs) / n,
         "malformed_calls": sum(t.malformed_calls for t in trajs) / n,
         **{f"calls_{name}": calls[name] / n for name in ("think", "calculate", "transfer_to_human_agents")},
@@ -414,8 +429,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
     model.eval()
     domain = get_domain(config.domain)
-    user = make_user(config.user)
-    episode = EpisodeConfig(max_turns=config.max_turns, require_outputs=False)  # as the paper trains
+    user = make_user(config.user, http_timeout=config.user_http_timeout)
+    episode = config.episode_config()  # as the paper trains: required outputs not graded
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,
                               kl_beta=config.kl_beta)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
@@ -447,9 +462,10 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 return [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
 
             groups, rewards, keep, cursor = collect_groups(play, order, cursor, config)
+            require_unfaulted((t for g in groups for t in g), f"GRPO step {step + 1}")
             rollout_s = time.perf_counter() - began
             advantages = algorithm.advantages(rewards)
-            masked = [[(config.mask_sim_faults and (t.sim_fault or t.tool_fault))
+            masked = [[(config.mask_sim_faults and bool(t.fault_kind))
                        or (config.mask_truncated and t.stop_reason == "turn_token_limit") for t in group]
                       for group in groups]
             trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not masked[g][m] for m, t in enumerate(group)]

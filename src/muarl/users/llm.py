@@ -29,6 +29,9 @@ STOP_MARKERS: dict[str, StopSignal] = {
     "###OUT-OF-SCOPE###": "out_of_scope",
 }
 
+#: seconds one HTTP request to the user's endpoint may take before it is retried (``--user-http-timeout``)
+HTTP_TIMEOUT_S = 60.0
+
 #: what the simulator is told the agent said first: the episode opens with the user, as in tau-bench
 AGENT_GREETING = "Hi! How can I help you today?"
 
@@ -89,7 +92,7 @@ class LLMUser(UserSimulator):
         model: str,
         api_key: str = "EMPTY",
         temperature: float = 0.0,
-        timeout: float = 60.0,
+        timeout: float = HTTP_TIMEOUT_S,
         max_retries: int = 4,
         backoff: float = 1.0,
         max_tokens: int | None = None,
