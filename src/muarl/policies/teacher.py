@@ -8,7 +8,8 @@ required outputs). It plays the conversation a careful human agent would:
 
 1. **Authenticate first**, with the first authenticating tool whose required parameters are all facts of
    ``scenario.known`` (by parameter name), asking for those the user has not said yet (withheld ones
-   included) and calling only once the user has said them all.
+   included; by ``scenario.fact_words`` when the scenario names them so) and calling only once the user
+   has said them all.
 2. For each request, in the order of the scenario's intents:
 
    - a **write** (a gold action): ask for any fact of the scenario the write's arguments repeat, **look
@@ -282,9 +283,13 @@ class GenericTeacher(TeacherSession):
             unsaid = [k for k in keys if not self.said(self.known[k])]
             if not unsaid:
                 return True
-            question = f"could you please tell me {whose} {listing([words(k) for k in unsaid])}?"
+            question = f"could you please tell me {whose} {listing([self.fact_name(k) for k in unsaid])}?"
             yield from self.say(f"{lead} {question}" if lead else question[:1].upper() + question[1:])
         return all(self.said(self.known[k]) for k in keys)
+
+    def fact_name(self, key: str) -> str:
+        """How to name a fact when asking for it: the scenario's own words for it, else its key in words."""
+        return next(iter(self.task.scenario.fact_words.get(key, [])), words(key))
 
     def ask_facts(self, args: Mapping[str, Any]) -> Script:
         """Ask for the scenario facts that ``args`` repeat and the user has not said; False if never said."""
