@@ -2,8 +2,9 @@
 
 It behaves like the small third-party servers muarl meets in the wild, not like muarl's own:
 
-- it keeps its state in files under ``--state-dir`` (default ``./plain-state``, shared by every process
-  started in the same folder), so episodes leak into each other unless each gets its own folder;
+- it keeps its state in files under ``--state-dir`` (default ``$PLAIN_STATE``, else ``./plain-state``,
+  shared by every process started in the same folder), so episodes leak into each other unless each
+  gets its own folder;
 - ``hang`` blocks the whole process inside the tool (it no longer reads stdin, so closing stdin does
   not stop it); ``--ignore-eof`` keeps it alive after stdin closes anyway and ``--ignore-sigterm``
   makes it survive SIGTERM, so only SIGKILL ends it;
@@ -74,7 +75,7 @@ def call_basic(name: str, args: dict[str, Any], folder: Path) -> tuple[str, bool
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--state-dir", default="plain-state")
+    p.add_argument("--state-dir", default=os.environ.get("PLAIN_STATE", "plain-state"))
     p.add_argument("--ignore-eof", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--retail", action="store_true")
