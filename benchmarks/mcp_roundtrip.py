@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -45,8 +47,10 @@ def main() -> None:
     tasks = retail.tasks("test")[: args.tasks]
     local, local_s = _episodes(retail, tasks)
     port = _free_port()
+    token = secrets.token_urlsafe(32)  # the control token: muarl grades with the server's own state hash
     server = subprocess.Popen([sys.executable, "-m", "muarl", "serve-mcp", "retail", "--transport", "http",
-                               "--port", str(port)], stderr=subprocess.DEVNULL)
+                               "--port", str(port)], stderr=subprocess.DEVNULL,
+                              env={**os.environ, "MUARL_MCP_CONTROL_TOKEN": token})
     try:
         for _ in range(300):
             try:
@@ -55,7 +59,7 @@ def main() -> None:
             except OSError:
                 time.sleep(0.2)
         rows = []
-        for label, spec in (("http", ServerSpec(url=f"http://127.0.0.1:{port}/mcp")),
+        for label, spec in (("http", ServerSpec(url=f"http://127.0.0.1:{port}/mcp", control_token=token)),
                             ("stdio", ServerSpec.muarl("retail"))):
             domain = mcp_domain(spec, base=retail)
             env = domain.env(tasks[0])
