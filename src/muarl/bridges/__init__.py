@@ -14,6 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+#: BFCL's and ACEBench's function-doc types, as JSON Schema types
+_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer",
+          "integer": "integer", "string": "string", "boolean": "boolean", "bool": "boolean", "array": "array"}
+
 #: the default of an optional argument the caller left out; dropped before the bridged tool is called
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
 
@@ -48,3 +52,18 @@ def loose_args(name: str, parameters: dict[str, Any]) -> type[BaseModel]:
 def given(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The arguments the caller actually passed (those left at :data:`UNSET` removed)."""
     return {k: v for k, v in kwargs.items() if v is not UNSET}
+
+
+def json_schema(node: Any) -> Any:
+    """A BFCL/ACEBench-style function doc ("dict", "float", "tuple", "any" types) as JSON Schema."""
+    if isinstance(node, dict):
+        out = {k: json_schema(v) for k, v in node.items() if k != "response"}
+        kind = node.get("type")
+        if kind == "any":
+            out.pop("type")
+        elif isinstance(kind, str):
+            out["type"] = _TYPES.get(kind, kind)
+        return out
+    if isinstance(node, list):
+        return [json_schema(v) for v in node]
+    return node

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from muarl.bridges import given, loose_args, require
+from muarl.bridges import json_schema as _schema
 from muarl.domain import Domain
 from muarl.env import Env
 from muarl.policies.base import AgentTurn, Policy, PolicySession
@@ -41,8 +42,6 @@ from muarl.users.base import Act, UserReply, UserSession, UserSimulator
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 #: the key under which an env's :class:`Episode` sits in its view's context (what the tools reach)
 EPISODE = "_bfcl_episode"
-_TYPES = {"dict": "object", "float": "number", "tuple": "array", "list": "array", "int": "integer",
-          "integer": "integer", "string": "string", "boolean": "boolean", "bool": "boolean", "array": "array"}
 _ids = itertools.count()
 
 POLICY = """You help a user by calling functions of the applications you are given (a file system, \
@@ -57,21 +56,6 @@ def _import_bfcl(module: str) -> Any:
     """Import a bfcl_eval module; its config creates result folders on import, so point it at a temp dir."""
     os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(tempfile.gettempdir()) / "muarl-bfcl"))
     return require(module, "bfcl")
-
-
-def _schema(node: Any) -> Any:
-    """BFCL's function-doc types ("dict", "float", "tuple", "any") as JSON Schema."""
-    if isinstance(node, dict):
-        out = {k: _schema(v) for k, v in node.items() if k != "response"}
-        kind = node.get("type")
-        if kind == "any":
-            out.pop("type")
-        elif isinstance(kind, str):
-            out["type"] = _TYPES.get(kind, kind)
-        return out
-    if isinstance(node, list):
-        return [_schema(v) for v in node]
-    return node
 
 
 @dataclass
