@@ -146,14 +146,14 @@ class UserScript:
         """The goal as the user puts it now (the first request until it changed its mind), leaving out
         what it still keeps back."""
         intent = goal.intent
-        if intent.question:
-            return intent.question
         if goal.changed_mind:
             if intent.change_say:
                 return self.fill(session, intent.change_say)
             return self._wish(session, intent, changed(intent.first_args or {}, intent.args))
         if intent.say:
             return self.fill(session, intent.say)
+        if intent.question:
+            return intent.question
         if intent.first_args is not None:
             return f"I'd like to {words(intent.action or '')} with {changed(intent.args, intent.first_args)}."
         return self._wish(session, intent, "")
@@ -195,7 +195,8 @@ class UserScript:
 
     # -- facts -----------------------------------------------------------------------------------------
     def facts(self, session: ScriptedSession) -> dict[str, str]:
-        """What the user can say right now: every known fact (withheld ones once asked for)."""
+        """What the user can say when asked: every known fact (a withheld one too: it is never volunteered
+        in a request, but given once the agent asks for it)."""
         return {k: str(v) for k, v in session.known.items()}
 
     def fact_words(self, session: ScriptedSession, key: str) -> list[str]:
