@@ -34,8 +34,12 @@ import pytest
 from muarl.domain import Domain, get_domain, save_tasks
 from muarl.mcp import ServerSpec, mcp_domain
 from muarl.mcp.client import RemoteSession
+from muarl.mcp.stdio import REAP_WAIT, TERM_GRACE
+from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import score
-from muarl.types import Action, Intent, Scenario, Task, Trajectory
+from muarl.rollout import EpisodeConfig, run_episode
+from muarl.types import Action, Intent, Message, Scenario, Task, ToolCall, Trajectory
+from muarl.users.scripted import ScriptedUser
 
 PY = sys.executable
 PLAIN = str(Path(__file__).with_name("mcp_plain_server.py"))
@@ -95,6 +99,56 @@ def test_hung_server_is_stopped_and_the_call_returns(tmp_path: Path) -> None:
     finally:
         if _running(pid, settle=0):
             os.kill(pid, signal.SIGKILL)
+
+
+class _HangPolicy(Policy):
+    """Calls ``hang`` once, then says goodbye."""
+
+    name = "hang"
+
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
+        return _HangSession()
+
+
+class _HangSession(PolicySession):
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        self.turns += 1
+        if self.turns == 1:
+            return AgentTurn(message=Message(role="assistant", tool_calls=[ToolCall(id="c0", name="hang", arguments={})]))
+        return AgentTurn(message=Message(role="assistant", content="Sorry, that failed. Goodbye!"))
+
+
+def test_episode_tool_limit_shorter_than_the_call_timeout_also_stops_the_server(tmp_path: Path) -> None:
+    """The episode's own tool time limit cancels the MCP call first: the server is stopped all the same."""
+    spec = ServerSpec(command=(PY, PLAIN, "--ignore-eof", "--ignore-sigterm", "--state-dir", "{episode_dir}"),
+                      cwd=str(tmp_path))
+    domain = mcp_domain(spec, name="plain", call_timeout=60.0)
+    task = _note_task(domain.name)
+    start = time.monotonic()
+    traj = asyncio.run(run_episode(domain, task, _HangPolicy(), ScriptedUser(), config=EpisodeConfig(tool_timeout=1.5)))
+    assert time.monotonic() - start < 1.5 + 10
+    assert traj.metadata["fault"]["kind"] == "tool_timeout"
+    deadline = time.monotonic() + TERM_GRACE + REAP_WAIT + 2
+    while _server_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _server_pids(), "the hung server outlived its episode"
+
+
+def _server_pids() -> list[int]:
+    """Live processes of the plain test server started by this test process."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == os.getpid() and PLAIN.encode() in cmdline:
+            found.append(int(stat.parent.name))
+    return found
 
 
 # -- servers that keep state outside the session --------------------------------------------------------------

@@ -214,6 +214,7 @@ class RemoteSession:
         self._runner: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
         self._lock: asyncio.Lock | None = None
+        self._stopping: asyncio.Future[None] | None = None
 
     # -- lifecycle (runs on the background loop) ------------------------------------------------------
     def _target(self) -> Any:
@@ -301,6 +302,10 @@ class RemoteSession:
             self.fault = f"the tool server did not answer {name} within {self.timeout:g} s"
             await self._give_up()
             return CallOutcome(False, f"Error: {self.fault}", "tool_fault")
+        except asyncio.CancelledError:  # a shorter limit outside this client (the episode's tool time limit)
+            self.fault = self.fault or f"the call to {name} was abandoned before the tool server answered"
+            self._stopping = asyncio.ensure_future(self._give_up())  # its state is unknown now: stop it anyway
+            raise
         except Exception as err:  # noqa: BLE001 - a dead or broken server
             from mcp import MCPError
             from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
