@@ -2,7 +2,8 @@
 
 - ``mcp:retail``: start ``muarl serve-mcp retail`` over stdio for each episode; tasks and grading from retail.
 - ``mcp:retail@http://127.0.0.1:8000/mcp``: a running muarl server over streamable HTTP.
-- ``mcp:http://HOST:PORT/mcp`` or ``mcp:COMMAND LINE``: any MCP server (its tools; no tasks of its own).
+- ``mcp:FILE.json``: any MCP server, with the tasks, read-only tools and timeouts of a config file
+  (:mod:`muarl.mcp.config`); a bare ``mcp:URL`` or ``mcp:COMMAND LINE`` has no tasks and is refused.
 """
 
 from __future__ import annotations
