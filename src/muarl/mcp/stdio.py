@@ -95,11 +95,16 @@ async def stdio_transport(command: Sequence[str], env: Mapping[str, str], cwd: s
     write_in, write_out = anyio.create_memory_object_stream[SessionMessage](0)
 
     async def read_stdout() -> None:
-        buffer = b""
+        pending: list[bytes] = []  # the current line's chunks (joined once: a long line stays linear)
         async with read_in:  # closing it tells the session the connection is gone
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 async for chunk in process.stdout:
-                    *lines, buffer = (buffer + chunk).split(b"\n")
+                    if b"\n" not in chunk:
+                        pending.append(chunk)
+                        continue
+                    first, *lines = chunk.split(b"\n")
+                    lines.insert(0, b"".join([*pending, first]))
+                    pending = [lines.pop()]
                     for line in lines:
                         if line.strip():
                             await read_in.send(_parse(line))
