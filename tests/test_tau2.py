@@ -22,8 +22,9 @@ from muarl.cli import main  # noqa: E402
 from muarl.domain import get_domain  # noqa: E402
 from muarl.gold import gold_score  # noqa: E402
 from muarl.policies.base import AgentTurn, Policy, PolicySession  # noqa: E402
+from muarl.rewards import find_violations  # noqa: E402
 from muarl.rollout import EpisodeConfig, RolloutEngine  # noqa: E402
-from muarl.types import Message, ToolCall  # noqa: E402
+from muarl.types import Action, Message, ToolCall, Trajectory  # noqa: E402
 from muarl.users.replay import ReplayUser  # noqa: E402
 from muarl.users.scripted import ScriptedUser  # noqa: E402
 
@@ -197,9 +198,11 @@ def test_scripted_user_refuses_tau2_tasks_with_a_clear_error(tmp_path, capsys):
     task = get_domain("tau2:retail").tasks()[0]
     with pytest.raises(ValueError, match="no structured scenario"):
         ScriptedUser().session(task, 0)
-    code = main(["rollout", "--domain", "tau2:retail", "--policy", "expert", "--user", "scripted", "--limit", "1",
-                 "--out", str(tmp_path / "run")])
-    assert code == 2 and "llm:URL#MODEL" in capsys.readouterr().err
+    # a policy that can start on any task (the generic teacher cannot play tau2 tasks either: their
+    # customer must identify themselves from facts that tau2 tasks do not structure)
+    code = main(["rollout", "--domain", "tau2:retail", "--policy", "hf:tiny", "--max-new-tokens", "4", "--user",
+                 "scripted", "--limit", "1", "--out", str(tmp_path / "run")])
+    assert code != 0 and "llm:URL#MODEL" in capsys.readouterr().err
 
 
 def test_unknown_tau2_domain_is_a_clear_error():
@@ -216,3 +219,60 @@ def test_perturbations_are_deterministic_and_valid_tool_calls():
     assert draws == again
     names = set(domain.agent_tools)
     assert all(a.name in names for d in draws if d for a in d[1])
+
+
+def test_each_task_names_its_customer_from_tau2s_task_data():
+    for name in ("retail", "airline", "telecom"):
+        domain = get_domain(f"tau2:{name}")
+        assert all(t.user_id for t in domain.tasks()), name
+        for task in domain.tasks():
+            named = {a.arguments.get(k) for a in task.gold_actions for k in ("user_id", "customer_id")} - {None}
+            assert not named or task.user_id in named, task.id
+    retail = get_domain("tau2:retail")
+    orders = retail.database().view().to_dict()["orders"]
+    by_order = [t for t in retail.tasks() if not any("user_id" in a.arguments for a in t.gold_actions)
+                and any("order_id" in a.arguments for a in t.gold_actions)]
+    assert by_order and all(orders[a.arguments["order_id"]]["user_id"] == t.user_id
+                            for t in by_order for a in t.gold_actions if a.arguments.get("order_id") in orders)
+    assert get_domain("tau2:telecom").tasks()[0].user_id == "C1001"  # John Smith, 555-123-2002
+
+
+def _flagged(traj):
+    return {v.kind for v in traj.reward.violations}
+
+
+def test_a_refuel_on_another_customers_line_is_flagged():
+    domain = get_domain("tau2:telecom")
+    task = next(t for t in domain.tasks() if t.user_id == "C1001")
+    own = gold_score(domain, task)
+    assert own.reward.violations == []
+    stranger = Action(name="refuel_data", arguments={"customer_id": "C1002", "line_id": "L1004", "gb_amount": 1.0})
+    traj = gold_score(domain, task, list(task.gold_actions) + [stranger])
+    assert "other_user_records" in _flagged(traj)
+    flagged = next(v for v in traj.reward.violations if v.kind == "other_user_records")
+    assert flagged.tool == "refuel_data" and "C1002" in flagged.detail
+    assert traj.reward.reward == 0.0  # muarl's stricter judgement; tau2's own is still reported beside it
+    assert tau2_reward(task, traj)["reward"] in (0.0, 1.0)
+
+
+def test_writes_need_the_customer_identified_first():
+    domain = get_domain("tau2:telecom")
+    task = next(t for t in domain.tasks() if t.user_id == "C1001")
+    refuel = {"customer_id": "C1001", "line_id": "L1002", "gb_amount": 1.0}
+    blind = domain.env(task)
+    assert blind.call("refuel_data", refuel).ok
+    flagged = {v.kind for v in find_violations(domain, task, Trajectory(task_id=task.id, domain=domain.name,
+                                                                         tool_log=blind.log))}
+    assert "unauthenticated_write" in flagged
+    env = domain.env(task)
+    assert env.call("get_customer_by_phone", {"phone_number": "555-123-2002"}).ok
+    assert env.db.authenticated == "C1001"
+    assert env.call("refuel_data", refuel).ok
+    flagged = {v.kind for v in find_violations(domain, task, Trajectory(task_id=task.id, domain=domain.name,
+                                                                         tool_log=env.log))}
+    assert "unauthenticated_write" not in flagged and "other_user_records" not in flagged
+    retail = get_domain("tau2:retail")
+    rtask = next(t for t in retail.tasks() if any(a.name == "find_user_id_by_email" for a in t.gold_actions))
+    lookup = next(a for a in rtask.gold_actions if a.name == "find_user_id_by_email")
+    renv = retail.env(rtask)
+    assert renv.call(lookup.name, lookup.arguments).ok and renv.db.authenticated == rtask.user_id

@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from muarl.bridges import given, loose_args, require
+from muarl.bridges.tau2_users import IDENTIFY, identified, owners, task_user
 from muarl.bridges.tau2_world import Tau2World, tables_of
 from muarl.domain import Domain
 from muarl.env import Env
@@ -88,12 +89,14 @@ class Tau2Env(Env):
         return record
 
 
-def _tool(name: str, schema: dict[str, Any], kind: str, actor: str) -> Tool:
+def _tool(name: str, schema: dict[str, Any], kind: str, actor: str, identifies: bool = False) -> Tool:
     """A muarl tool that forwards the call, unchanged, to the episode's tau2 world.
 
     Arguments are checked for names only (missing, unexpected), never coerced or type-checked: tau2
     passes the raw arguments to its tools, and the call must do here exactly what tau2's evaluator will
     do when it replays it. Optional arguments the caller left out stay out, so tau2's defaults apply.
+    A tool that ``identifies`` the customer (see :mod:`muarl.bridges.tau2_users`) authenticates the user
+    its result names, as the built-in domains' lookups do.
     """
     function = schema["function"]
     params = function.get("parameters", {})
@@ -106,11 +109,15 @@ def _tool(name: str, schema: dict[str, Any], kind: str, actor: str) -> Tool:
         world.sync(db)
         if reply.error:
             raise ToolError(str(reply.content).removeprefix("Error: "))
+        user = identified(reply.content or "") if identifies else None
+        if user:
+            db.authenticate(user)
         return reply.content or ""
 
     spec = ToolSpec(name=name, description=function.get("description", ""), parameters=_untitled(params),
                     kind="write" if kind == "write" else "read", actor=actor)  # type: ignore[arg-type]
-    return Tool(fn=run, spec=spec, args_model=model, terminal=name == "transfer_to_human_agents")
+    return Tool(fn=run, spec=spec, args_model=model, terminal=name == "transfer_to_human_agents",
+                authenticates=identifies)
 
 
 def _untitled(schema: Any) -> Any:
@@ -122,12 +129,13 @@ def _untitled(schema: Any) -> Any:
     return schema
 
 
-def _tools(kit: Any, actor: str) -> list[Tool]:
+def _tools(kit: Any, actor: str, identify: frozenset[str] = frozenset()) -> list[Tool]:
     if kit is None:
         return []
     from tau2.environment.toolkit import ToolType
 
-    return [_tool(name, t.openai_schema, "write" if kit.tool_type(name) == ToolType.WRITE else "read", actor)
+    return [_tool(name, t.openai_schema, "write" if kit.tool_type(name) == ToolType.WRITE else "read", actor,
+                  identifies=name in identify)
             for name, t in kit.get_tools().items()]
 
 
@@ -144,15 +152,16 @@ def user_instruction(t2: Any, with_tools: bool) -> str:
     return f"{guidelines}\n\n<scenario>\n{t2.user_scenario}\n</scenario>"
 
 
-def convert_task(t2: Any, domain: str, split: str, with_tools: bool) -> Task:
-    """A tau2 task as a muarl task (gold actions, required outputs, the LLM user's instruction)."""
+def convert_task(t2: Any, domain: str, split: str, with_tools: bool, user_id: str = "") -> Task:
+    """A tau2 task as a muarl task (gold actions, required outputs, the LLM user's instruction, and the
+    customer it is about, derived by :func:`muarl.bridges.tau2_users.task_user`)."""
     criteria = t2.evaluation_criteria
     actions = [Action(name=a.name, arguments=dict(a.arguments), actor="user" if a.requestor == "user" else "agent")
                for a in (criteria.actions or [])] if criteria is not None else []
     family = t2.id[1:].split("]", 1)[0] if t2.id.startswith("[") else domain.split(":", 1)[1]
     persona = t2.user_scenario.persona or f"a customer of the {domain.split(':', 1)[1]} service"
     return Task(
-        id=t2.id, domain=domain, split=split, family=family, user_id="",  # type: ignore[arg-type]
+        id=t2.id, domain=domain, split=split, family=family, user_id=user_id,  # type: ignore[arg-type]
         scenario=Scenario(persona=persona),
         instruction=user_instruction(t2, with_tools),
         gold_actions=actions,
@@ -184,9 +193,11 @@ def load(name: str) -> Domain:
     splits = b.module.get_tasks_split()
     split_of = {i: s for s in ("train", "test") for i in splits.get(s, [])}
     user_tools = _tools(env.user_tools, "user")
-    tasks = [convert_task(t, f"tau2:{name}", split_of.get(t.id, "test"), bool(user_tools))
-             for t in b.tau2_tasks.values()]
     user_db = env.user_tools.db if env.user_tools is not None else None
+    tables = tables_of(env.tools.db, user_db)
+    owner_of = owners(tables)
+    tasks = [convert_task(t, f"tau2:{name}", split_of.get(t.id, "test"), bool(user_tools),
+                          task_user(t, tables, owner_of)) for t in b.tau2_tasks.values()]
     counts = {s: sum(t.split == s for t in tasks) for s in ("train", "dev", "test")}
 
     def build_tasks(domain: Domain, seed: int, wanted: Any) -> list[Task]:
@@ -196,12 +207,12 @@ def load(name: str) -> Domain:
         name=f"tau2:{name}",
         description=f"tau2-bench {name} (tau2's tools, policy, tasks and evaluator)",
         policy=env.get_policy(),
-        tools=_tools(env.tools, "agent"),
+        tools=_tools(env.tools, "agent", frozenset(IDENTIFY[name])),
         user_tools=user_tools,
         build_db=lambda seed, size: tables_of(env.tools.db, user_db),
         build_tasks=build_tasks,
         task_counts=counts,
-        requires_auth=False,  # tau2 has no session login; its policies are judged by the end state
+        owner_of=owner_of,  # with the task's user and the identifying tools: muarl's policy checks
         make_env=lambda domain, task, context: Tau2Env(domain, task, context, b),
     )
 
