@@ -62,6 +62,18 @@ class StepsSession(PolicySession):
         return AgentTurn(Message(role="assistant", content=step))
 
 
+class HalfExpert(Policy):
+    """The expert on the tasks in ``solved``, a silent goodbye on the others: rewards of both kinds."""
+
+    name = "half-expert"
+
+    def __init__(self, solved: set[str]):
+        self.solved, self.expert = solved, ExpertPolicy()
+
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
+        return self.expert.session(domain, task, seed) if task.id in self.solved else StepsSession([])
+
+
 class Broken(Policy):
     """A policy that breaks in one of several ways (after ``good`` sound turns)."""
 
@@ -303,11 +315,12 @@ def test_64_episodes_a_quarter_raise_a_quarter_hang_the_rest_are_unchanged(retai
     tasks = retail.tasks("test")[:16]
     plan = {(t.id, user_seed(0, t.id, m)): how for t in tasks for m, how in ((0, "raise"), (1, "hang"))}
     config = EpisodeConfig(user_timeout=1.0)
+    policy = HalfExpert({t.id for t in tasks[::2]})
     began = time.monotonic()
-    faulty = evaluate(retail, ExpertPolicy(), Scripted(plan), tasks, k=4, out_dir=tmp_path / "faulty",
-                      config=config, progress=False)
+    faulty = evaluate(retail, policy, Scripted(plan), tasks, k=4, out_dir=tmp_path / "faulty", config=config,
+                      progress=False)
     took = time.monotonic() - began
-    clean = evaluate(retail, ExpertPolicy(), Scripted(), tasks, k=4, out_dir=tmp_path / "clean", config=config,
+    clean = evaluate(retail, policy, Scripted(), tasks, k=4, out_dir=tmp_path / "clean", config=config,
                      progress=False)
 
     m = faulty.metrics
@@ -321,6 +334,7 @@ def test_64_episodes_a_quarter_raise_a_quarter_hang_the_rest_are_unchanged(retai
         for a, b in zip(got[2:], want[2:], strict=True):
             assert a.reward == b.reward and a.messages == b.messages and a.tool_log == b.tool_log
     normal = [t.reward.reward for g in clean.trajectories for t in g[2:]]
+    assert 0 < sum(normal) < len(normal)  # wins and losses alike are kept as they were
     assert m["accuracy"] == pytest.approx(sum(normal) / len(normal))
     assert all(r["trials"] == 2 and r["faults"] == 2 for r in faulty.tasks)
     report = (tmp_path / "faulty" / "results.md").read_text()
