@@ -52,15 +52,17 @@ class Item:
 
 def data_dir(explicit: str | Path | None = None) -> Path:
     """The data directory: ``explicit`` (a ``--data`` option) or ``$MUARL_ACEBENCH_DATA``."""
-    chosen = explicit if explicit not in (None, "") else os.environ.get(ENV_VAR, "")
+    given = explicit not in (None, "")
+    chosen = explicit if given else os.environ.get(ENV_VAR, "")
     if not chosen:
-        raise DataError(f"the acebench domains need ACEBench's English agent data: set {ENV_VAR} (or pass --data) "
-                        "to its data_en directory, e.g. ../shared/acebench/data_en; muarl ships none of it")
-    path = Path(chosen).expanduser()
+        raise DataError(f"the acebench domains need ACEBench's English agent data: set {ENV_VAR} to its data_en "
+                        "directory, e.g. ../shared/acebench/data_en (muarl ships none of it)")
+    source = "--data" if given else ENV_VAR
+    path = Path(str(chosen)).expanduser()
     if not path.exists():
-        raise DataError(f"acebench data directory {path} does not exist (set by {ENV_VAR} or --data)")
+        raise DataError(f"acebench data directory {path} (from {source}) does not exist")
     if not path.is_dir():
-        raise DataError(f"acebench data directory {path} is not a directory (set by {ENV_VAR} or --data)")
+        raise DataError(f"acebench data directory {path} (from {source}) is not a directory")
     return path
 
 
