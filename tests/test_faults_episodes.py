@@ -34,6 +34,7 @@ from muarl.users.base import Act, UserReply, UserSession, UserSimulator
 from muarl.users.llm import LLMUser
 from muarl.users.scripted import ScriptedUser
 from test_llm_user import FaultServer, start_process, stop_process
+from test_viewer_browser import browser  # noqa: F401  (the fixture)
 
 TESTS = Path(__file__).parent
 
@@ -484,3 +485,29 @@ def test_gold_tau2_retail_warns_on_tau2s_own_failing_calls_but_passes(capsys) ->
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["failures"] == [] and report["warnings"]
     assert all(w["domain"] == "tau2:retail" and w["failed_actions"] for w in report["warnings"])
+
+
+@pytest.mark.slow
+def test_muarl_view_shows_faults_in_chromium(browser, retail: Domain, tmp_path: Path) -> None:  # noqa: F811
+    """The report of a run with faults, in a real browser: the fault filter, the badge, the message and the
+    traceback of a faulted episode."""
+    from selenium.webdriver.support.ui import Select
+
+    from muarl.report import build_report
+    from test_viewer_browser import _css, _no_console_errors, _open, _wait
+
+    tasks = retail.tasks("test")[:2]
+    plan = {(t.id, user_seed(0, t.id, 0)): "raise" for t in tasks}
+    evaluate(retail, ExpertPolicy(), Scripted(plan), tasks, k=2, out_dir=tmp_path / "run", progress=False)
+    _open(browser, build_report(tmp_path / "run", tmp_path / "report.html"))
+    browser.find_element("css selector", 'nav a[data-tab="trajectories"]').click()
+    _wait(lambda: _css(browser, "#traj-table tbody tr"))
+    Select(browser.find_element("id", "f-fault")).select_by_value("user")
+    _wait(lambda: len(_css(browser, "#traj-table tbody tr")) == 2)
+    assert all("fault: user" in row.text for row in _css(browser, "#traj-table tbody tr"))
+    _css(browser, "#traj-table tbody tr a.traj-link")[0].click()
+    panel = _wait(lambda: [e for e in _css(browser, "#fault") if e.is_displayed()])[0]
+    assert "fault: user" in panel.text and "ValueError: the user's own code broke" in panel.text
+    panel.find_element("css selector", "summary").click()
+    assert "Traceback" in panel.text
+    _no_console_errors(browser)
