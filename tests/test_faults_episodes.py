@@ -463,6 +463,16 @@ def test_cli_options_are_checked_in_one_line_naming_the_option(tmp_path: Path, c
     assert make_user("llm:http://127.0.0.1:9/v1#m", http_timeout=7.5).endpoint.timeout == 7.5
 
 
+@pytest.mark.parametrize(("spec", "says"), [
+    ("no_such_module_xyz:DOMAIN", "cannot import module 'no_such_module_xyz'"),
+    ("muarl.domains.retail:DOMIAN", "module 'muarl.domains.retail' has no attribute 'DOMIAN' (its domains: DOMAIN)"),
+])
+def test_a_misspelt_domain_module_or_attribute_is_one_line(spec: str, says: str, tmp_path: Path, capsys) -> None:
+    assert main(["rollout", "--domain", spec, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
 def test_grpo_and_synth_take_the_limits() -> None:
     from muarl.cli import build_parser
     from muarl.train.cli import grpo_config

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -178,15 +180,45 @@ def get_domain(name: str) -> Domain:
         bridge = importlib.import_module(f"muarl.bridges.{name.split(':', 1)[0]}")
         _REGISTRY[name] = bridge.load(name.split(":", 1)[1])
     if name not in _REGISTRY and ":" in name and not name.startswith(_BRIDGES):
-        module, _, attr = name.partition(":")
-        obj = getattr(importlib.import_module(module), attr)
-        _REGISTRY[name] = obj
+        _REGISTRY[name] = _user_domain(name)
     entry = _REGISTRY.get(name)
     if entry is None:
         raise KeyError(f"unknown domain {name!r}; known: {', '.join(domain_names())}")
     if not isinstance(entry, Domain):
         entry = _REGISTRY[name] = entry()
     return entry
+
+
+def _user_domain(name: str) -> Any:
+    """The object ``module:attr`` names; a misspelt module or attribute is a one-line KeyError (the command
+    line prints it as ``muarl: error: ...``), never an import traceback."""
+    module, _, attr = name.partition(":")
+    try:
+        loaded = _import_here_too(module)
+    except ImportError as err:
+        raise KeyError(f"domain {name!r}: cannot import module {module!r} ({err}); is its folder on PYTHONPATH "
+                       "(or the current directory)?") from None
+    if not hasattr(loaded, attr):
+        domains = sorted(k for k, v in vars(loaded).items() if isinstance(v, Domain))
+        raise KeyError(f"domain {name!r}: module {module!r} has no attribute {attr!r}"
+                       + (f" (its domains: {', '.join(domains)})" if domains else ""))
+    return getattr(loaded, attr)
+
+
+def _import_here_too(module: str) -> Any:
+    """Import ``module``, also from the current directory as ``python -m muarl`` would (the ``muarl`` console
+    script does not put it on the path); the directory is on the path only for this import."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if err.name != module.split(".")[0] or here in sys.path or "" in sys.path:
+            raise
+    sys.path.insert(0, here)
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(here)
 
 
 def domain_names() -> list[str]:
