@@ -95,11 +95,11 @@ async def run_episode(
             fault = fault or closing
     traj.stop_reason = reason
     traj.tool_log = list(env.log)  # a copy: an abandoned tool thread may still append to env.log
-    if fault is not None:
-        _record(traj, fault)
     if fault is None:
         traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
-    elif fault.kind != "tool_timeout":  # a hung tool may still be writing to env: no grading
+        return traj
+    _record(traj, fault)
+    if fault.kind != "tool_timeout":  # a hung tool may still be writing to env: no grading
         with contextlib.suppress(Exception):  # the fault is the episode's story; a grader crash adds nothing
             traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
     return traj
