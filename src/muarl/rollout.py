@@ -334,7 +334,7 @@ class RolloutEngine:
 
     async def run(self, tasks: list[Task]) -> list[list[Trajectory]]:
         """Every group's trajectories, in task order (members in order)."""
-        done = load_trajectories(self.out) if self.out is not None else {}
+        done = load_trajectories(self.out, repair=True) if self.out is not None else {}  # our own output
         results: dict[tuple[str, int], Trajectory] = dict(done)
         todo = [(t, m) for t in tasks for m in range(self.group_size) if (t.id, m) not in results]
         gate = asyncio.Semaphore(self.concurrency)
@@ -360,11 +360,14 @@ class RolloutEngine:
         return [[results[(t.id, m)] for m in range(self.group_size)] for t in tasks]
 
 
-def load_trajectories(path: Path) -> dict[tuple[str, int], Trajectory]:
+def load_trajectories(path: Path, repair: bool = False) -> dict[tuple[str, int], Trajectory]:
     """Trajectories already in a JSONL file, keyed by (task id, member).
 
-    A torn last line (the run was killed in the middle of a write) is cut from the file, so its episode
-    is simply run again; a bad line anywhere else is an error naming the line, never silently skipped.
+    A torn last line (a run killed in the middle of a write, or one still writing) is skipped; a bad line
+    anywhere else is an error naming the line, never silently skipped. Only ``repair=True`` cuts the torn
+    line from the file, and only the engine resuming its own output file passes it (it appends after the
+    cut, so its episode is simply run again): a replay file, or any run read by another process, is an
+    input and is never written.
     """
     found: dict[tuple[str, int], Trajectory] = {}
     if not path.exists():
@@ -379,8 +382,9 @@ def load_trajectories(path: Path) -> dict[tuple[str, int], Trajectory]:
             except ValueError as err:
                 if n < len(lines):
                     raise ValueError(f"{path}:{n}: not a trajectory: {err}") from None
-                with path.open("r+", encoding="utf-8") as f:
-                    f.truncate(len(text[:offset].encode("utf-8")))
+                if repair:
+                    with path.open("r+", encoding="utf-8") as f:
+                        f.truncate(len(text[:offset].encode("utf-8")))
                 break
             found[(traj.task_id, int(traj.metadata.get("member", 0)))] = traj
         offset += len(line)

@@ -1,9 +1,11 @@
 """A training run's directory: fresh start or resume, the recorded config, seeding.
 
 Resuming is automatic (``resume=None``): when ``out`` holds a complete checkpoint, the run continues from
-the newest one, so re-running the command that was interrupted is all it takes. ``resume=True`` insists
-on a checkpoint (an error when there is none); ``resume=False`` starts over and deletes the old
-checkpoints. A resume refuses a config that differs from the recorded one in anything that changes what
+the newest one, so re-running the command that was interrupted is all it takes. The checkpoint resumed
+from is the newest *intact* one (its files match its manifest); newer damaged ones are named, with the
+file that is wrong, and moved aside, and a run whose checkpoints are all damaged stops with the reason
+(see :func:`muarl.train.checkpoint.choose_resume`). ``resume=True`` insists on a checkpoint (an error when
+there is none); ``resume=False`` starts over and deletes the old checkpoints. A resume refuses a config that differs from the recorded one in anything that changes what
 the steps compute (model, data, learning rate, seeds ...), naming the fields; only the fields in
 :data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size) may differ.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from muarl.train.checkpoint import checkpoints_dir, latest_checkpoint, remove_partial
+from muarl.train.checkpoint import checkpoints_dir, choose_resume, remove_partial, set_aside
 from muarl.train.distributed import Dist
 
 #: config fields a resumed run may change without changing what the remaining steps compute
@@ -40,15 +42,17 @@ class Run:
 def open_run(config: Any, dist: Dist) -> Run:
     """Decide fresh start or resume, check the config against the recorded one, record it, seed."""
     out = Path(config.out)
-    latest = latest_checkpoint(out)
     mode = getattr(config, "resume", None)
-    if mode is True and latest is None:
+    choice = choose_resume(out) if mode is not False else None  # verifies: raises when none is intact
+    if mode is True and choice.found is None:
         raise FileNotFoundError(f"--resume: no complete checkpoint under {checkpoints_dir(out)}")
-    resume = latest if mode is not False else None
+    resume = choice.found if choice is not None else None
     dist.barrier()  # every rank has looked before rank 0 changes anything
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
         remove_partial(out)
+        if choice is not None:
+            set_aside(choice)
         if resume is None and mode is False and checkpoints_dir(out).exists():
             shutil.rmtree(checkpoints_dir(out))
     if resume is not None and (out / "config.json").exists():

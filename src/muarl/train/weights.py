@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from muarl.models import load
+from muarl.train.diskspace import OutOfSpace, free_bytes, out_of_space, size_text
 
 
 def is_lora(model: Any) -> bool:
@@ -50,6 +51,7 @@ def load_trainable(config: Any, device: str | None, resume_from: Path | None,
         return model, None, tokenizer
     if resume_from is not None:
         model, tokenizer = load(resume_from / "model", device=device)
+        own_memory(model)
         reference = load(config.model, device=device)[0] if want_reference else None
     else:
         model, tokenizer = load(config.model, device=device)
@@ -57,6 +59,19 @@ def load_trainable(config: Any, device: str | None, resume_from: Path | None,
     if reference is not None:
         reference.eval().requires_grad_(False)
     return model, reference, tokenizer
+
+
+def own_memory(model: Any) -> None:
+    """Copy weights that still map the checkpoint's file (safetensors loads CPU tensors by ``mmap``) into
+    the process's own memory.
+
+    Otherwise the checkpoint a run resumed from keeps its disk space while the run lives: pruning it to make
+    room for the next save (``--keep-checkpoints``) would free nothing. GPU tensors are copies already.
+    """
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()
 
 
 @contextlib.contextmanager
@@ -90,7 +105,21 @@ def save_final(out: Path, model: Any, tokenizer: Any, merge: bool = True) -> Pat
 
     With LoRA and ``merge`` the adapter is folded into a copy of the base weights for ``out/model`` (what
     ``hf:out/model`` loads); without ``merge`` only the adapter is written and ``out/adapter`` is returned.
+    A full disk raises :class:`~muarl.train.diskspace.OutOfSpace`: the last checkpoint is at the final
+    step, so rerunning the command after freeing space writes the result without training again.
     """
+    try:
+        return _write_final(out, model, tokenizer, merge)
+    except Exception as err:
+        free = free_bytes(out)
+        if not out_of_space(err, free):
+            raise
+        raise OutOfSpace(f"out of disk space writing the trained model in {out}: {size_text(free)} free there; "
+                         "the last checkpoint holds it: free some space and rerun the command to write it "
+                         f"({type(err).__name__}: {str(err).strip()[:160]})") from err
+
+
+def _write_final(out: Path, model: Any, tokenizer: Any, merge: bool) -> Path:
     if not is_lora(model):
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")
