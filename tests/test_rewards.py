@@ -87,12 +87,12 @@ def test_score_replays_the_tool_log_when_no_env_is_given(retail):
 
 
 def _conversation(retail, task, turns):
-    """Run a scripted conversation: ('user', text), ('auth', None) or ('call', Action)."""
+    """Run a scripted conversation: ('agent', text), ('user', text), ('auth', None) or ('call', Action)."""
     env = retail.env(task)
     messages = []
     for i, (kind, value) in enumerate(turns):
-        if kind == "user":
-            messages.append(Message(role="user", content=value))
+        if kind in ("user", "agent"):
+            messages.append(Message(role="user" if kind == "user" else "assistant", content=value))
         elif kind == "auth":
             known = task.scenario.known
             env.call("find_user_id_by_name_zip", {"first_name": known["first_name"], "last_name": known["last_name"],
@@ -109,27 +109,28 @@ def _conversation(retail, task, turns):
 def test_each_violation_kind(retail):
     task = _task(retail, "multi_action", 2)
     a, b = task.gold_actions
-    clean = _conversation(retail, task, [("auth", None), ("user", "Yes, go ahead."), ("call", a),
-                                         ("user", "yes please"), ("call", b)])
+    ask = ("agent", "I will do that. Would you like me to proceed? (yes/no)")
+    clean = _conversation(retail, task, [("auth", None), ask, ("user", "Yes, go ahead."), ("call", a),
+                                         ask, ("user", "yes please"), ("call", b)])
     assert clean.reward == 1.0 and clean.violations == []
 
-    unauth = _conversation(retail, task, [("user", "yes"), ("call", a), ("user", "yes"), ("call", b)])
+    unauth = _conversation(retail, task, [ask, ("user", "yes"), ("call", a), ask, ("user", "yes"), ("call", b)])
     assert unauth.reward == 1.0  # violations are reported, never folded into the outcome reward
     assert [v.kind for v in unauth.violations] == ["unauthenticated_write", "unauthenticated_write"]
 
     unconfirmed = _conversation(retail, task, [("auth", None), ("user", "I want to cancel an order."), ("call", a),
-                                               ("user", "Yes."), ("call", b)])
+                                               ask, ("user", "Yes."), ("call", b)])
     assert [(v.kind, v.tool) for v in unconfirmed.violations] == [("unconfirmed_write", a.name)]
 
-    one_yes_two_writes = _conversation(retail, task, [("auth", None), ("user", "yes"), ("call", a), ("call", b)])
+    one_yes_two_writes = _conversation(retail, task, [("auth", None), ask, ("user", "yes"), ("call", a), ("call", b)])
     assert [(v.kind, v.tool) for v in one_yes_two_writes.violations] == [("unconfirmed_write", b.name)]
 
-    refused = _conversation(retail, task, [("auth", None), ("user", "No, don't do that."), ("call", a)])
+    refused = _conversation(retail, task, [("auth", None), ask, ("user", "No, don't do that."), ("call", a)])
     assert [v.kind for v in refused.violations] == ["unconfirmed_write"]
 
     orders = retail.database().tables["orders"]
     stranger = next(o for o, r in orders.items() if r["status"] == "pending" and r["user_id"] != task.user_id)
-    other = _conversation(retail, task, [("auth", None), ("user", "yes"),
+    other = _conversation(retail, task, [("auth", None), ask, ("user", "yes"),
                                          ("call", Action(name="cancel_pending_order",
                                                          arguments={"order_id": stranger, "reason": "no longer needed"}))])
     kinds = [v.kind for v in other.violations]

@@ -41,7 +41,8 @@ def test_synthesis_keeps_clean_wins_and_datasets_loads_them(tmp_path):
 
 def test_unclean_teacher_episodes_are_rejected(tmp_path):
     report = synthesize([get_domain("airline")], ExpertPolicy(skip_confirmation=True), ScriptedUser(), tmp_path,
-                        families=["change_of_mind", "cancel_eligible", "info_request"], progress=False)
+                        families=["change_of_mind", "cancel_eligible", "info_request"], progress=False,
+                        min_kept=0.0)  # most are rejected, on purpose: keep what is clean
     assert report.rejected["violation"] + report.rejected["reward"] > 0
     kept = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
     # only tasks without writes can be clean for a teacher that never asks for confirmation

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from muarl.domain import domain_names, get_domain
+from muarl.factory import POLICY_FORMS, USER_FORMS
 from muarl.gold import gold_score
 from muarl.types import SPLITS
 
@@ -120,7 +121,9 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
                            out=out / "trajectories.jsonl")
     groups = asyncio.run(engine.run(tasks))
     trajs = [t for g in groups for t in g]
-    summary = _summary(trajs)
+    # what was used, as given (module:attr for a plug-in), so `muarl view` finds the tasks again
+    summary = {"domain": args.domain, "split": args.split, "policy": args.policy, "user": args.user,
+               **_summary(trajs)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console = Console()
     table = Table(title=f"rollout {args.domain}/{args.split}: {args.policy} x {args.user}, n={args.n}")
@@ -173,10 +176,17 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     names = BUILTIN if args.domain == ["all"] else args.domain
     domains = [get_domain(n) for n in names]
     teacher = make_policy(args.teacher, temperature=args.temperature, seed=args.seed)
-    report = synthesize(domains, teacher, make_user(args.user, http_timeout=args.user_http_timeout), Path(args.out),
-                        split=args.split, n=args.n, families=args.families, exclude=args.exclude_families,
-                        behaviours=args.behaviours, exclude_behaviours=args.exclude_behaviours, seed=args.seed,
-                        concurrency=args.concurrency, config=config)
+    user = make_user(args.user, http_timeout=args.user_http_timeout)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # what was used, as given (module:attr for a plug-in), so `muarl view OUT` finds the tasks again
+    (out / "config.json").write_text(json.dumps({"command": "synth", "domains": names, "teacher": args.teacher,
+                                                 "user": args.user, "split": args.split, "n": args.n,
+                                                 "seed": args.seed, "min_kept": args.min_kept}, indent=1) + "\n")
+    report = synthesize(domains, teacher, user, out, split=args.split, n=args.n, families=args.families,
+                        exclude=args.exclude_families, behaviours=args.behaviours,
+                        exclude_behaviours=args.exclude_behaviours, seed=args.seed, concurrency=args.concurrency,
+                        config=config, min_kept=args.min_kept)
     table = Table(title=f"cold-start synthesis: {args.teacher} x {args.user} on {args.split}")
     for col in ("domain/family", "played", "kept"):
         table.add_column(col)
@@ -217,10 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON report instead of a table")
     p.set_defaults(func=_gold_cmd)
     p = sub.add_parser("rollout", help="run episodes of a policy against a simulated user and save them")
-    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`)")
+    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`) or module:attr")
     p.add_argument("--split", choices=SPLITS, default="test")
-    p.add_argument("--policy", default="expert", help="expert | expert-noconfirm | hf:PATH | openai:URL#MODEL")
-    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | replay:FILE.jsonl")
+    p.add_argument("--policy", default="expert", help=POLICY_FORMS)
+    p.add_argument("--user", default="scripted", help=USER_FORMS)
     p.add_argument("--n", type=int, default=1, help="episodes per task (a GRPO group)")
     p.add_argument("--out", required=True, help="run directory; trajectories.jsonl is appended as episodes finish")
     p.add_argument("--limit", type=int, help="only the first N tasks of the split")
@@ -236,10 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_options(p)
     p.set_defaults(func=_rollout_cmd)
     p = sub.add_parser("synth", help="cold-start data: a teacher plays tasks; clean wins become an SFT data set")
-    p.add_argument("--domain", nargs="+", default=["all"], help="one or more domains, or 'all' (built-ins)")
+    p.add_argument("--domain", nargs="+", default=["all"],
+                   help="one or more domains (names or module:attr), or 'all' (built-ins)")
     p.add_argument("--split", choices=SPLITS, default="train")
-    p.add_argument("--teacher", default="expert", help="expert | hf:PATH | openai:URL#MODEL")
-    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL")
+    p.add_argument("--teacher", default="expert", help="expert | hf:PATH | openai:URL#MODEL | module:attr")
+    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | module:attr")
     p.add_argument("--n", type=int, default=1, help="episodes per task (independent user seeds)")
     p.add_argument("--families", nargs="+", help="only these task families")
     p.add_argument("--exclude-families", nargs="+", help="leave these task families out (for RL to teach)")
@@ -249,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-behaviours", nargs="+",
                    help="leave out tasks whose user shows any of these behaviours (for RL to teach)")
     p.add_argument("--out", required=True, help="writes sft.jsonl, report.json and raw trajectories here")
+    p.add_argument("--min-kept", type=float, default=0.5, metavar="FRACTION",
+                   help="least share of episodes that must be clean wins; below it (or when the teacher or user "
+                        "raised for a task) no data set is written and the command fails (default 0.5)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -267,8 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     # its command and training options: muarl.train.cli
     p = sub.add_parser("grpo", help="GRPO with the simulated user in every rollout")
     p.add_argument("--model", default="tiny", help="the starting checkpoint (normally the SFT output); also the KL reference")
-    p.add_argument("--domain", default="retail")
-    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL")
+    p.add_argument("--domain", default="retail", help="domain name (see `muarl domains`) or module:attr")
+    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | module:attr")
     p.add_argument("--preset", default="tiny", help="paper (group 8, 32 tasks/step, lr 1e-6 ...) or tiny")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int)
@@ -301,13 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from muarl.plugins import put_cwd_on_path
+
+    put_cwd_on_path()  # module:attr from the current directory, for the console script as for python -m
     args = build_parser().parse_args(argv)
     from muarl.factory import SpecError
-    from muarl.faults import AllEpisodesFaulted
+    from muarl.faults import RunFailed
 
     try:
         return args.func(args)
-    except AllEpisodesFaulted as err:  # the run played, but measured nothing: a failure, said in one line
+    except RunFailed as err:  # the run played, but measured nothing (or its data would be wrong): one line
         print(f"muarl: error: {err}", file=sys.stderr)
         return 1
     except KeyError as err:  # unknown domain or task: a clear message, not a traceback

@@ -10,6 +10,7 @@ the task set supports; one that straddles 0 is not (whatever the point estimate 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from muarl.evaluate import RESULTS, TRAJECTORIES, EvalResult, result_from_trajectories
+from muarl.evaluate import RESULTS, RUN_CONFIG, TRAJECTORIES, EvalResult, result_from_trajectories
 
 #: per-task values compared by default, besides pass^1 .. pass^k (k: the smaller of the two runs' k)
 DEFAULT_METRICS: tuple[str, ...] = ("accuracy", "tcr", "avg_turns", "violation_rate", "transfer_rate")
@@ -48,9 +49,32 @@ def load_run(path: str | Path) -> EvalResult:
         raise FileNotFoundError(f"no such run: {path}")
     if path.is_dir() and not (path / RESULTS).exists():
         if (path / TRAJECTORIES).exists():
-            return result_from_trajectories(path / TRAJECTORIES)
+            return _from_trajectories(path)
         raise FileNotFoundError(f"{path} has neither {RESULTS} nor {TRAJECTORIES}: not an evaluation run")
     return EvalResult.load(path)
+
+
+def _from_trajectories(run_dir: Path) -> EvalResult:
+    """An interrupted run's result, under the domain its ``config.json`` recorded (``module:attr`` for a
+    plug-in), so that it pairs with a finished run of the same command and finds its task families."""
+    spec = None
+    if (run_dir / RUN_CONFIG).exists():
+        try:
+            spec = json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")).get("domain")
+        except (ValueError, AttributeError):
+            spec = None
+    domain = None
+    if isinstance(spec, str):
+        from muarl.domain import get_domain
+
+        try:
+            domain = get_domain(spec)
+        except (KeyError, ImportError, ValueError, OSError):
+            domain = None
+    result = result_from_trajectories(run_dir / TRAJECTORIES, domain=domain)
+    if isinstance(spec, str):
+        result.config["domain"] = spec
+    return result
 
 
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], samples: int = 10_000, seed: int = 0,

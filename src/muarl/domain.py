@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -128,9 +126,16 @@ class Domain:
         return self.build_tasks(self, seed, dict(counts or self.task_counts))
 
     def tasks(self, split: str | None = None) -> list[Task]:
-        """The default task set: shipped with the package when present, else generated from its seed."""
+        """The default task set: the ``tasks_file`` when one is set, else generated from the task seed.
+
+        A ``tasks_file`` that does not exist is an error, not a quiet switch to generated tasks: results
+        on other tasks than the ones named would read as results on those.
+        """
         if self._tasks is None:
-            if self.tasks_file is not None and self.tasks_file.exists():
+            if self.tasks_file is not None:
+                if not Path(self.tasks_file).is_file():
+                    raise FileNotFoundError(f"domain {self.name}: tasks file {self.tasks_file} does not exist "
+                                            "(set tasks_file=None to generate tasks from task_seed)")
                 self._tasks = load_tasks(self.tasks_file)
             else:
                 self._tasks = self.generate_tasks()
@@ -147,14 +152,65 @@ class Domain:
         raise KeyError(f"domain {self.name} has no task {task_id!r}")
 
 
+class TasksFileError(ValueError):
+    """A tasks file that cannot be used as it is; the one-line message names the file and the task."""
+
+
 def load_tasks(path: Path) -> list[Task]:
-    data = json.loads(Path(path).read_text())
-    return [Task.model_validate(t) for t in data["tasks"]]
+    """The tasks of a tasks file (``{"tasks": [...]}``, as :func:`save_tasks` writes), validated.
+
+    Every task must list its ``gold_actions``, an explicit ``[]`` for a task that needs no write: a task
+    that merely left them out would grade "change nothing" as a win, so doing nothing would score 1.0.
+    A missing file is FileNotFoundError; bad JSON, a task that does not validate and ids used twice are
+    :class:`TasksFileError`, naming the file and the task (its id, else its index).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tasks file {path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise TasksFileError(f"tasks file {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise TasksFileError(f"tasks file {path}: not valid JSON: {err.msg} at line {err.lineno} column "
+                             f"{err.colno}") from None
+    entries = data.get("tasks") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise TasksFileError(f'tasks file {path}: expected a JSON object with a "tasks" list')
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        task = _validated_task(path, index, entry)
+        if task.id in seen:
+            raise TasksFileError(f"tasks file {path}: task {task.id!r} (index {index}) repeats the id of index "
+                                 f"{seen[task.id]}")
+        seen[task.id] = index
+        tasks.append(task)
+    return tasks
+
+
+def _validated_task(path: Path, index: int, entry: Any) -> Task:
+    from pydantic import ValidationError
+
+    if not isinstance(entry, dict):
+        raise TasksFileError(f"tasks file {path}: task at index {index} is not a JSON object")
+    which = f"task {entry['id']!r} (index {index})" if isinstance(entry.get("id"), str) else f"task at index {index}"
+    if "gold_actions" not in entry:
+        raise TasksFileError(f"tasks file {path}: {which} has no gold_actions; list the writes that solve it, or "
+                             "[] for a task that needs none (else doing nothing would score 1.0)")
+    try:
+        return Task.model_validate(entry)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'task'}: {e['msg']}" for e in err.errors()[:3])
+        more = len(err.errors()) - 3
+        raise TasksFileError(f"tasks file {path}: {which} is not a valid task: {problems}"
+                             + (f" (and {more} more)" if more > 0 else "")) from None
 
 
 def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
+    """Write tasks as :func:`load_tasks` reads them (every task with its ``gold_actions``, [] included)."""
     payload = {**meta, "tasks": [t.model_dump(mode="json") for t in tasks]}
-    Path(path).write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+    Path(path).write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 _REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
@@ -173,52 +229,30 @@ def register(domain: Domain | Callable[[], Domain], name: str | None = None) -> 
 
 
 def get_domain(name: str) -> Domain:
-    """Look a domain up by name; built-ins are imported lazily, ``pkg.module:attr`` loads a user domain."""
+    """Look a domain up by name; built-ins are imported lazily, ``pkg.module:attr`` loads a user domain.
+
+    A bridged name (``tau2:``, ``bfcl:``, ``mcp:``, ``acebench:``) wins over ``module:attr``. A bad
+    ``module:attr`` (misspelt module or attribute, an object that is not a :class:`Domain` nor a
+    zero-argument factory of one) is a one-line KeyError, which the command line prints, never a traceback.
+    """
     if name not in _REGISTRY and name in _BUILTINS:
         importlib.import_module(_BUILTINS[name])
     if name not in _REGISTRY and name.startswith(_BRIDGES):  # optional extras, imported on first use
         bridge = importlib.import_module(f"muarl.bridges.{name.split(':', 1)[0]}")
         _REGISTRY[name] = bridge.load(name.split(":", 1)[1])
     if name not in _REGISTRY and ":" in name and not name.startswith(_BRIDGES):
-        _REGISTRY[name] = _user_domain(name)
+        from muarl import plugins
+
+        try:
+            _REGISTRY[name] = plugins.load(name, Domain, "domain", "domains")
+        except plugins.PluginError as err:
+            raise KeyError(str(err)) from None
     entry = _REGISTRY.get(name)
     if entry is None:
-        raise KeyError(f"unknown domain {name!r}; known: {', '.join(domain_names())}")
+        raise KeyError(f"unknown domain {name!r}; known: {', '.join(domain_names())} (or module:attribute)")
     if not isinstance(entry, Domain):
         entry = _REGISTRY[name] = entry()
     return entry
-
-
-def _user_domain(name: str) -> Any:
-    """The object ``module:attr`` names; a misspelt module or attribute is a one-line KeyError (the command
-    line prints it as ``muarl: error: ...``), never an import traceback."""
-    module, _, attr = name.partition(":")
-    try:
-        loaded = _import_here_too(module)
-    except ImportError as err:
-        raise KeyError(f"domain {name!r}: cannot import module {module!r} ({err}); is its folder on PYTHONPATH "
-                       "(or the current directory)?") from None
-    if not hasattr(loaded, attr):
-        domains = sorted(k for k, v in vars(loaded).items() if isinstance(v, Domain))
-        raise KeyError(f"domain {name!r}: module {module!r} has no attribute {attr!r}"
-                       + (f" (its domains: {', '.join(domains)})" if domains else ""))
-    return getattr(loaded, attr)
-
-
-def _import_here_too(module: str) -> Any:
-    """Import ``module``, also from the current directory as ``python -m muarl`` would (the ``muarl`` console
-    script does not put it on the path); the directory is on the path only for this import."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        here = os.getcwd()
-        if err.name != module.split(".")[0] or here in sys.path or "" in sys.path:
-            raise
-    sys.path.insert(0, here)
-    try:
-        return importlib.import_module(module)
-    finally:
-        sys.path.remove(here)
 
 
 def domain_names() -> list[str]:

@@ -14,9 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from muarl.factory import POLICY_FORMS as POLICIES
+from muarl.factory import USER_FORMS
 from muarl.types import SPLITS
-
-POLICIES = "expert | expert-noconfirm | hf:PATH | openai:URL#MODEL"
 
 
 def _episode_config(args: argparse.Namespace) -> Any:
@@ -79,7 +79,8 @@ def _eval_cmd(args: argparse.Namespace) -> int:
     policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                          seed=args.seed)
     user = make_user(args.user, http_timeout=args.user_http_timeout)
-    meta = {"policy": args.policy, "user": args.user, "temperature": args.temperature,
+    # the specs as given (module:attr for a plug-in), so view, compare and a resume find them again
+    meta = {"domain": args.domain, "policy": args.policy, "user": args.user, "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "split": "+".join(sorted({t.split for t in tasks}))}
     out = Path(args.out)
     result = evaluate(domain, policy, user, tasks, k=args.k, out_dir=out, config=_episode_config(args),
@@ -203,10 +204,10 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("eval", help="evaluate a policy against a user: pass^1..pass^k, accuracy, TCR, ... "
                                     "(resumable)")
-    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`)")
+    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`) or module:attr")
     p.add_argument("--split", choices=SPLITS, default="test")
     p.add_argument("--policy", default="expert", help=POLICIES)
-    p.add_argument("--user", default="scripted", help="scripted | llm:URL#MODEL | replay:FILE.jsonl")
+    p.add_argument("--user", default="scripted", help=USER_FORMS)
     p.add_argument("--k", type=int, default=4, help="trials per task, each with its own user seed (default 4); pass^1..pass^k")
     p.add_argument("--out", required=True,
                    help="run directory: results.json, results.md, trajectories.jsonl; rerun it to resume")
@@ -234,7 +235,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=_compare_cmd)
 
     p = sub.add_parser("chat", help="play the user yourself against any policy; tool calls shown as they happen")
-    p.add_argument("--domain", required=True)
+    p.add_argument("--domain", required=True, help="domain name (see `muarl domains`) or module:attr")
     p.add_argument("--task", help="task id (default: the first task of --split)")
     p.add_argument("--split", choices=SPLITS, default="test")
     p.add_argument("--policy", default="expert", help=POLICIES)

@@ -1,8 +1,12 @@
 """Policies and users from command-line specs, so every command names them the same way.
 
-Policies: ``expert`` | ``expert-noconfirm`` | ``hf:PATH`` (a checkpoint directory or ``hf:tiny`` /
-``hf:smollm2``) | ``openai:URL#MODEL``. Users: ``scripted`` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl``.
-An API key for an endpoint comes from ``$OPENAI_API_KEY`` (default "EMPTY" for local servers).
+Policies: ``expert`` | ``expert-noconfirm`` | ``noop`` (the do-nothing baseline: how much success a
+table owes to tasks that need no action) | ``hf:PATH`` (a checkpoint directory or ``hf:tiny`` /
+``hf:smollm2``) | ``openai:URL#MODEL`` | ``module:attr`` (a :class:`Policy` of one's own, or a
+zero-argument factory of one). Users: ``scripted`` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |
+``module:attr`` (a :class:`UserSimulator`, or a factory). A known prefix wins over ``module:attr``
+(``openai:http://...`` holds colons). An API key for an endpoint comes from ``$OPENAI_API_KEY`` (default
+"EMPTY" for local servers).
 """
 
 from __future__ import annotations
@@ -11,8 +15,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from muarl import plugins
 from muarl.policies.base import Policy
 from muarl.users.base import UserSimulator
+
+#: the accepted --policy forms, for help texts and error messages
+POLICY_FORMS = "expert | expert-noconfirm | noop | hf:PATH | openai:URL#MODEL | module:attr"
+#: the accepted --user forms
+USER_FORMS = "scripted | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
 
 
 class SpecError(ValueError):
@@ -34,6 +44,10 @@ def make_policy(spec: str, **options: Any) -> Policy:
         from muarl.policies.expert import ExpertPolicy
 
         return ExpertPolicy(skip_confirmation=spec == "expert-noconfirm")
+    if spec == "noop":
+        from muarl.policies.noop import NoopPolicy
+
+        return NoopPolicy()
     if spec.startswith("hf:"):
         from muarl.policies.hf import HFPolicy
 
@@ -48,7 +62,9 @@ def make_policy(spec: str, **options: Any) -> Policy:
         if options.get("max_new_tokens"):
             kwargs["max_tokens"] = options["max_new_tokens"]
         return OpenAIPolicy(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
-    raise SpecError(f"unknown policy {spec!r}; use expert, expert-noconfirm, hf:PATH or openai:URL#MODEL")
+    if ":" in spec:
+        return plugins.load(spec, Policy, "--policy", "policies")
+    raise SpecError(f"unknown policy {spec!r}; use {POLICY_FORMS.replace(' | ', ', ')}")
 
 
 def make_user(spec: str, http_timeout: float | None = None) -> UserSimulator:
@@ -73,4 +89,6 @@ def make_user(spec: str, http_timeout: float | None = None) -> UserSimulator:
         if not path.exists():
             raise SpecError(f"user {spec!r}: no such file {path}")
         return ReplayUser(load_trajectories(path).values())
-    raise SpecError(f"unknown user {spec!r}; use scripted, llm:URL#MODEL or replay:FILE.jsonl")
+    if ":" in spec:
+        return plugins.load(spec, UserSimulator, "--user", "users")
+    raise SpecError(f"unknown user {spec!r}; use {USER_FORMS.replace(' | ', ', ')}")

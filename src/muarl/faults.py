@@ -50,7 +50,12 @@ class EpisodeFault(Exception):
         return {"kind": self.kind, "message": self.message, "traceback": self.traceback}
 
 
-class AllEpisodesFaulted(RuntimeError):
+class RunFailed(RuntimeError):
+    """The run played, but what it would report or write would be wrong; the command line says why in one
+    line and exits 1 (not 2: the command itself was well formed)."""
+
+
+class AllEpisodesFaulted(RunFailed):
     """Every episode of a run faulted: there is nothing to report about the agent."""
 
 

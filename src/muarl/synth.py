@@ -21,11 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from muarl.domain import Domain
-from muarl.faults import require_unfaulted
+from muarl.faults import RunFailed, fault_message
 from muarl.policies.base import Policy
 from muarl.rollout import EpisodeConfig, RolloutEngine
 from muarl.types import Message, Scenario, Task, Trajectory
 from muarl.users.base import UserSimulator
+
+#: default least share of played episodes that must be clean wins for a data set to be written
+MIN_KEPT = 0.5
+#: fault kinds that mean a party raised (could not play the task), as opposed to running out of time
+_RAISED = ("policy", "user")
+
+
+class SynthesisFailed(RunFailed):
+    """The teacher (or the simulated user) failed: no data set was written; the message says which tasks
+    failed and why."""
 
 
 @dataclass
@@ -36,11 +46,16 @@ class SynthReport:
     kept: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)  # by reason: reward, violation, sim_fault
     kept_behaviours: Counter = field(default_factory=Counter)  # kept episodes whose user shows each behaviour
+    #: every rejected episode: task id, the reason (as in ``rejected``) and what went wrong
+    failures: list[dict[str, str]] = field(default_factory=list)
+    #: why no data set was written (None: it was)
+    refused: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"played": dict(self.played), "kept": dict(self.kept), "rejected": dict(self.rejected),
                 "kept_behaviours": dict(sorted(self.kept_behaviours.items())),
-                "kept_total": sum(self.kept.values()), "played_total": sum(self.played.values())}
+                "kept_total": sum(self.kept.values()), "played_total": sum(self.played.values()),
+                "refused": self.refused, "failures": self.failures}
 
 
 #: what each named simulated-user behaviour looks like in a task's scenario (see :func:`user_behaviours`)
@@ -103,6 +118,56 @@ def reject_reason(traj: Trajectory) -> str | None:
     if traj.reward.violations:
         return "violation"
     return None
+
+
+def failure_detail(traj: Trajectory) -> str:
+    """What went wrong in a rejected episode, in a few words (the fault's message, the failed checks, the
+    violations)."""
+    if traj.fault_kind or traj.sim_fault:
+        return " ".join((fault_message(traj) or "no message").split())[:300]
+    if traj.reward is None:
+        return "not graded"
+    if traj.reward.reward != 1.0:
+        failed = [c.name for c in traj.reward.checks if not c.passed]
+        return f"reward 0 (failed: {', '.join(failed) or 'database differs from gold'}; stop {traj.stop_reason})"
+    return "violations: " + ", ".join(f"{v.kind} ({v.tool})" for v in traj.reward.violations)
+
+
+def refusal(report: SynthReport, min_kept: float) -> str | None:
+    """Why the played episodes must not become a data set, or None when they may.
+
+    Refused when the teacher or the user raised for any task (it cannot play that task: whatever it did
+    elsewhere is suspect), when no episode is a clean win, or when fewer than ``min_kept`` of them are.
+    """
+    played, kept = sum(report.played.values()), sum(report.kept.values())
+    raised = [f for f in report.failures if f["reason"] in {f"{k}_fault" for k in _RAISED} | {"sim_fault"}
+              and not f.get("timeout")]
+    if raised:
+        who = sorted({"the teacher" if f["reason"] == "policy_fault" else "the user" for f in raised})
+        return (f"{' and '.join(who)} raised for {_count_tasks(raised)}: {_listing(raised)}; no data set written "
+                "(report.json lists every failure)")
+    if played and not kept:
+        return (f"none of the {played} episodes is a clean win (reward 1, no violation): {_listing(report.failures)}; "
+                "no data set written (report.json lists every failure)")
+    if played and kept < min_kept * played:
+        return (f"only {kept} of {played} episodes are clean wins, below the {min_kept:g} asked (--min-kept): "
+                f"{_listing(report.failures)}; no data set written (report.json lists every failure)")
+    return None
+
+
+def _count_tasks(failures: list[dict[str, str]]) -> str:
+    n = len({f["task"] for f in failures})
+    return f"{n} task{'s' if n != 1 else ''}"
+
+
+def _listing(failures: list[dict[str, str]], shown: int = 3) -> str:
+    """The first few failures, one task each, as ``task (reason: detail)``."""
+    by_task: dict[str, dict[str, str]] = {}
+    for f in failures:
+        by_task.setdefault(f["task"], f)
+    parts = [f"{task} ({f['reason']}: {f['detail']})" for task, f in list(by_task.items())[:shown]]
+    more = len(by_task) - shown
+    return "; ".join(parts) + (f"; and {more} more task(s)" if more > 0 else "")
 
 
 def to_chat_record(domain: Domain, task: Task, traj: Trajectory) -> dict[str, Any]:
@@ -193,25 +258,29 @@ def synthesize(
     concurrency: int = 64,
     progress: bool = True,
     config: EpisodeConfig | None = None,
+    min_kept: float = MIN_KEPT,
 ) -> SynthReport:
     """Play every selected task ``n`` times per domain and write ``out/sft.jsonl`` and ``out/report.json``.
 
     Raw trajectories go to ``out/trajectories/<domain>.jsonl`` as they finish, so an interrupted
-    synthesis resumes where it stopped; the data set is rewritten from them at the end. ``config`` sets
-    the episodes' limits (default: :class:`EpisodeConfig`'s, required outputs graded).
+    synthesis resumes where it stopped; the data set is rewritten from them at the end, one record per
+    clean win. ``config`` sets the episodes' limits (default: :class:`EpisodeConfig`'s, required outputs
+    graded). A teacher that failed writes no data set (:func:`refusal`: it or the user raised for a task,
+    or fewer than ``min_kept`` of the episodes are clean wins): :class:`SynthesisFailed` names the tasks,
+    and report.json and the raw trajectories stay for a look (``muarl view OUT``).
     """
+    if not 0 <= min_kept <= 1:
+        raise ValueError(f"--min-kept must be between 0 and 1 (got {min_kept:g})")
     out.mkdir(parents=True, exist_ok=True)
     (out / "trajectories").mkdir(exist_ok=True)
     report = SynthReport()
     lines: list[str] = []
-    played: list[Trajectory] = []
     for domain in domains:
         tasks = select_tasks(domain.tasks(split), families, exclude, behaviours, exclude_behaviours)
         engine = RolloutEngine(domain, teacher, user, config or EpisodeConfig(require_outputs=True), group_size=n,
                                concurrency=concurrency, common_user_seed=False, seed=seed,
                                out=out / "trajectories" / f"{domain.name}.jsonl", progress=progress)
         groups = asyncio.run(engine.run(tasks))
-        played += [t for g in groups for t in g]
         for task, group in zip(tasks, groups, strict=True):
             for traj in group:
                 key = f"{domain.name}/{task.family}"
@@ -219,11 +288,21 @@ def synthesize(
                 reason = reject_reason(traj)
                 if reason:
                     report.rejected[reason] += 1
+                    failure = {"task": task.id, "reason": reason, "detail": failure_detail(traj)}
+                    if (traj.fault_kind or "").endswith("_timeout"):
+                        failure["timeout"] = "yes"  # ran out of time: not a refusal by itself
+                    report.failures.append(failure)
                     continue
                 report.kept[key] += 1
                 report.kept_behaviours.update(user_behaviours(task))
                 lines.append(json.dumps(to_chat_record(domain, task, traj), ensure_ascii=False))
-    (out / "sft.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+    report.refused = refusal(report, min_kept)
     (out / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
-    require_unfaulted(played, f"synthesis; the trajectories are in {out / 'trajectories'}")
+    data = out / "sft.jsonl"
+    if report.refused:
+        data.unlink(missing_ok=True)  # an earlier run's data set would read as this one's
+        raise SynthesisFailed(f"synthesis: {report.refused}; the trajectories are in {out / 'trajectories'}")
+    tmp = data.with_name(data.name + ".tmp")  # written whole or not at all
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tmp.replace(data)
     return report

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,11 @@ class GenerationError(RuntimeError):
     pass
 
 
+class FamilyShareWarning(UserWarning):
+    """A family ran out of distinct tasks and got fewer than its weight asked for; the other families
+    filled its place, so the task mix is not the one configured."""
+
+
 def user_split(user_id: str, fractions: Mapping[str, float] = SPLIT_FRACTIONS) -> str:
     """The split a user belongs to: a stable function of the id alone."""
     bucket = int.from_bytes(hashlib.sha256(user_id.encode()).digest()[:8], "big") / 2**64
@@ -67,7 +74,8 @@ def generate(
 
     Every draft's gold actions are replayed on a fresh env and must all succeed (a failure is a bug in
     the family and raises :class:`GenerationError`). A family that finds no new host is set aside; when
-    all are, generation fails loudly instead of quietly shipping fewer tasks than asked.
+    all are, generation fails loudly instead of quietly shipping fewer tasks than asked. One that was set
+    aside well below its weight's share is a :class:`FamilyShareWarning` naming it, asked against got.
     """
     unknown = set(counts) - set(SPLITS)
     if unknown:
@@ -78,6 +86,7 @@ def generate(
     names = sorted(families)
     weights = [families[n][0] for n in names]
     tasks: list[Task] = []
+    short: list[str] = []  # families that ran out well below their share, reported once at the end
     for split in SPLITS:
         n = counts.get(split, 0)
         if n and not pools[split]:
@@ -125,7 +134,33 @@ def generate(
             verify_gold(domain, task)
             tasks.append(task)
             made += 1
+        short += _short(split, n, dict(zip(names, weights, strict=True)), exhausted,
+                        Counter(t.family for t in tasks if t.split == split))
+    if short:
+        warnings.warn(f"{domain.name}: task families ran out of distinct tasks below the share their weights "
+                      f"asked, and the other families filled their place: {'; '.join(short)} "
+                      "(grow the database with db_size, or lower their weights)", FamilyShareWarning, stacklevel=3)
     return tasks
+
+
+#: a family that ran out is reported when it got less than this share of what its weight asked for
+SHORT_OF_ASKED = 0.8
+
+
+def _short(split: str, n: int, weights: Mapping[str, float], exhausted: set[str], got: Counter) -> list[str]:
+    """``family in split: got G of about A asked`` for each family that ran out well below its share of ``n``.
+
+    Why only those: a family that never ran out is short only by the luck of the draw, while one that
+    ran out left its share to the others (say 387 of one family and 11 of another in 500 tasks), which
+    changes what the task set measures without a word.
+    """
+    total = sum(weights.values())
+    out = []
+    for family in sorted(exhausted):
+        asked = n * weights[family] / total if total else 0.0
+        if got[family] < SHORT_OF_ASKED * asked:
+            out.append(f"{family} in {split}: got {got[family]} of about {round(asked)} asked")
+    return out
 
 
 def verify_gold(domain: Domain, task: Task) -> None:

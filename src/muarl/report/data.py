@@ -159,19 +159,62 @@ def _parse(rel: str, n: int, last: bool, line: str, warnings: list[str]) -> Traj
         return None
 
 
-class TaskIndex:
-    """Tasks by (domain, id), loaded once per domain; a domain that cannot be loaded gives None."""
+def domain_specs(run: Run) -> list[str]:
+    """The domains a run says it used, as given on its command line (``retail``, ``my_module:domain``).
 
-    def __init__(self) -> None:
+    Why: a trajectory records its domain's *name*, which only the built-in domains are registered under;
+    a plug-in domain is found again through the ``module:attr`` its run recorded (``config.json`` of eval,
+    synth and grpo, ``summary.json`` of rollout, ``results.json``'s config).
+    """
+    found: list[str] = []
+    results_config = (run.results or {}).get("config")
+    for source in (run.config, results_config if isinstance(results_config, dict) else None, run.summary):
+        if not source:
+            continue
+        named = source.get("domains")
+        for spec in [source.get("domain"), *(named if isinstance(named, list) else [])]:
+            if isinstance(spec, str) and spec and spec not in found:
+                found.append(spec)
+    return found
+
+
+class TaskIndex:
+    """Tasks by (domain, id), loaded once per domain; a domain that cannot be loaded gives None.
+
+    ``specs`` are what the run recorded (see :func:`domain_specs`): a trajectory's domain name is looked
+    up among the domains they load first, then by name. A recorded spec that does not load (a plug-in
+    module not on the path here) is said once in ``warnings``.
+    """
+
+    def __init__(self, specs: list[str] | None = None, warnings: list[str] | None = None) -> None:
         self._tasks: dict[str, dict[str, Task] | None] = {}
         self._domains: dict[str, Any] = {}
+        self._specs = list(specs or [])
+        self._warnings = warnings if warnings is not None else []
+        self._failed: set[str] = set()
+
+    def _load(self, name: str) -> Any:
+        from muarl.domain import get_domain
+
+        for spec in self._specs:
+            if spec in self._failed:
+                continue
+            try:
+                domain = get_domain(spec)
+            except (KeyError, ImportError, AttributeError, ValueError, OSError) as err:
+                self._failed.add(spec)
+                why = err.args[0] if isinstance(err, KeyError) and err.args else err
+                self._warnings.append(f"the run's domain {spec!r} could not be loaded here ({why}); its tasks "
+                                      "(family, instruction, gold) are not shown")
+                continue
+            if domain.name == name:
+                return domain
+        return get_domain(name)
 
     def domain(self, name: str) -> Any | None:
         if name not in self._tasks:
-            from muarl.domain import get_domain
-
             try:
-                domain = get_domain(name)
+                domain = self._load(name)
                 self._domains[name] = domain
                 self._tasks[name] = {t.id: t for t in domain.tasks()}
             except (KeyError, ImportError, AttributeError, ValueError, OSError):

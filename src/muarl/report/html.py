@@ -111,7 +111,7 @@ def eval_section(results: dict[str, Any]) -> str:
 
 def payload(run: rd.Run, tokenizer: Any | None, tokenizer_name: str) -> dict[str, Any]:
     """The JSON blob the page's script renders: trajectories, groups, tasks, token tables."""
-    index = rd.TaskIndex()
+    index = rd.TaskIndex(rd.domain_specs(run), run.warnings)
     for entry in run.entries:
         rd.ensure_scored(entry, index, run.warnings)
     strings: dict[str, int] = {}
