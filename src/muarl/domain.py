@@ -199,12 +199,21 @@ def _validated_task(path: Path, index: int, entry: Any) -> Task:
         raise TasksFileError(f"tasks file {path}: {which} has no gold_actions; list the writes that solve it, or "
                              "[] for a task that needs none (else doing nothing would score 1.0)")
     try:
-        return Task.model_validate(entry)
+        # strict: what the file says is what the task gets ("out_of_policy": "yes" is an error, not True),
+        # so that the JSON Schema of tasks_schema() accepts exactly the tasks this accepts
+        return Task.model_validate(entry, strict=True)
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'task'}: {e['msg']}" for e in err.errors()[:3])
         more = len(err.errors()) - 3
         raise TasksFileError(f"tasks file {path}: {which} is not a valid task: {problems}"
                              + (f" (and {more} more)" if more > 0 else "")) from None
+
+
+def tasks_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a tasks file: the files :func:`load_tasks` accepts, but for the one
+    check a schema cannot say (two tasks with one id). Shipped as ``muarl/schemas/tasks.schema.json``;
+    docs/domains.md shows it and a test keeps it equal to the task models."""
+    return json.loads((Path(__file__).parent / "schemas" / "tasks.schema.json").read_text(encoding="utf-8"))
 
 
 def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
