@@ -1,0 +1,193 @@
+"""vLLM policy backend (``--policy vllm:PATH``): token in, token out, through vLLM's engine.
+
+The episode's token state is built exactly as in the transformers backend (:mod:`muarl.policies.hf`):
+the opening prompt is rendered once, each later turn appends only the tokens of the new messages
+(:meth:`ChatFormat.delta_ids`), and the agent's sampled ids are kept as sampled. Each agent turn sends
+the whole id sequence so far to vLLM (never text), and vLLM's prefix caching finds the part an earlier
+turn (or another episode, for the shared system turn) already computed, so a multi-turn episode is not
+re-prefilled. Trajectories come out of the rollout engine with the same type and loss masks as the HF
+backend's, because the :class:`AgentTurn` fields are filled the same way.
+
+Sampling means what it means in the HF backend: ``temperature`` (0 = greedy), ``top_p``,
+``max_new_tokens`` per turn, the chat format's stop tokens (kept as the turn's last sampled token),
+and a seed per episode from (policy seed, task, episode), so an episode samples the same tokens
+whatever else shares the batch. The log-probs are vLLM's "processed" ones: the log-probability of the
+sampled token under the distribution it was sampled from (after temperature), which with ``top_p`` = 1
+is exactly what the trainer recomputes; with ``top_p`` < 1 vLLM renormalizes over the nucleus, where the
+HF backend reports the untruncated probability.
+
+vLLM itself is imported only by :mod:`muarl.policies.vllm_engine`, the one module that knows vLLM's
+version-specific API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from muarl.chat import ChatFormat
+from muarl.policies.base import AgentTurn, Policy, PolicySession
+from muarl.policies.vllm_engine import VLLMEngine
+from muarl.types import Message
+
+if TYPE_CHECKING:
+    from muarl.domain import Domain
+    from muarl.types import Task
+
+#: the adapter name and id the engine serves a trained LoRA under (one adapter: the policy's)
+LORA_NAME, LORA_ID = "muarl-policy", 1
+
+
+class VLLMPolicy(Policy):
+    """A causal LM served by vLLM as an agent.
+
+    ``model``: a checkpoint directory or an alias of :func:`muarl.models.resolve` (``tiny``,
+    ``tiny-random``, ``smollm2``). ``max_context`` caps an episode's tokens (default: the model's
+    context). ``enable_lora`` lets :meth:`sync_lora` serve a trained adapter; ``engine_options`` go to
+    :class:`VLLMEngine` (dtype, kv_cache_gib, vLLM engine arguments).
+    """
+
+    def __init__(self, model: str | Path, *, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 1024, max_context: int | None = None, max_batch: int = 64, seed: int = 0,
+                 enable_lora: bool = False, **engine_options: Any):
+        from transformers import AutoTokenizer
+
+        from muarl.models import resolve
+
+        path = resolve(model)
+        self.path = path
+        self.name = f"vllm:{model}"
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.engine = VLLMEngine(str(path), max_model_len=max_context, max_num_seqs=max_batch, seed=seed,
+                                 enable_lora=enable_lora, **engine_options)
+        self.max_context = self.engine.max_model_len
+        self.stop_ids = ChatFormat(self.tokenizer, []).stop_ids
+        self.lora: Any = None  # the LoRA request every turn samples with, once an adapter is synced
+        self._lora_dir: tempfile.TemporaryDirectory | None = None
+        self._formats: dict[str, ChatFormat] = {}
+        self._sessions = 0
+
+    def chat_format(self, domain: Domain) -> ChatFormat:
+        if domain.name not in self._formats:
+            self._formats[domain.name] = ChatFormat(self.tokenizer, [t.spec for t in domain.tools])
+        return self._formats[domain.name]
+
+    def session(self, domain: Domain, task: Task, seed: int | None = None) -> VLLMSession:
+        self._sessions += 1
+        which = self._sessions if seed is None else f"episode {seed}"
+        digest = hashlib.sha256(f"{self.seed}:{task.id}:{which}".encode()).digest()
+        return VLLMSession(self, self.chat_format(domain), int.from_bytes(digest[:8], "big") >> 2)
+
+    # -- weight sync ----------------------------------------------------------------------------------
+    def sync_weights(self, model: Any) -> None:
+        """Push a trained causal LM's full weights into the running engine (after a full fine-tuning
+        step). A peft model is merged first (base + B A scaling), without touching the trainer's copy:
+        the route for LoRA where the engine cannot serve adapters."""
+        self.engine.load_weights(merged_weights(model))
+
+    def sync_lora(self, model: Any) -> None:
+        """Save a peft model's adapter and (re)load it into the engine in place; later turns sample with
+        it. Needs ``enable_lora=True``."""
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="muarl-vllm-lora-")
+        model.save_pretrained(self._lora_dir.name)
+        request = self.engine.lora_request(LORA_NAME, LORA_ID, self._lora_dir.name)
+        self.engine.load_lora(request)
+        self.lora = request
+
+    def weights_updated(self) -> None:
+        """The HF backend's hook after a training step; here weights move only through the sync methods."""
+
+    def close(self) -> None:
+        """Shut the engine down (frees its KV cache)."""
+        self.engine.close()
+        if self._lora_dir is not None:
+            self._lora_dir.cleanup()
+
+
+def merged_weights(model: Any) -> list[tuple[str, Any]]:
+    """(HF name, tensor) of a causal LM's weights, a peft (LoRA) model's merged into its base, in the
+    names vLLM's ``load_weights`` expects (no peft prefixes). The trainer's model is left as it is."""
+    import torch
+
+    from muarl.train.weights import is_lora
+
+    if not is_lora(model):
+        return [(name, p.detach()) for name, p in model.state_dict().items()]
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for module_name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                prefix = f"{module_name}." if module_name else ""
+                weight = module.get_base_layer().weight.detach().clone()
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        weight += module.get_delta_weight(adapter).to(weight.dtype)
+                merged[f"{prefix}weight"] = weight
+                bias = module.get_base_layer().bias
+                if bias is not None:
+                    merged[f"{prefix}bias"] = bias.detach()
+        for name, tensor in base.state_dict().items():
+            if "lora_" in name:
+                continue
+            clean = name.replace(".base_layer.", ".")
+            merged.setdefault(clean, tensor.detach())
+    return list(merged.items())
+
+
+class VLLMSession(PolicySession):
+    """One episode: every token id so far (prompts and sampled turns) and its parsed messages."""
+
+    def __init__(self, policy: VLLMPolicy, chat: ChatFormat, seed: int):
+        self.policy = policy
+        self.chat = chat
+        self.seed = seed
+        self.ids: list[int] = []
+        self.messages: list[Message] = []
+        self.turn = 0
+        self.append_only = True
+        self.cached_tokens = 0
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        if not self.messages:
+            prompt = self.chat.prompt_ids(new_messages)
+        else:
+            prompt, append_only = self.chat.delta_ids(self.messages, new_messages)
+            self.append_only &= append_only
+        self.messages.extend(new_messages)
+        room = self.policy.max_context - len(self.ids) - len(prompt)
+        if room <= 0:
+            return AgentTurn(message=Message(role="assistant", content=""), finish="context")
+        max_new = min(self.policy.max_new_tokens, room)
+        self.ids.extend(prompt)
+        # one seed per turn, derived from the episode's: a turn's draw does not depend on the batch
+        params = self.policy.engine.sampling_params(
+            temperature=self.policy.temperature, top_p=self.policy.top_p, max_tokens=max_new,
+            stop_ids=self.policy.stop_ids, seed=(self.seed + 7919 * self.turn) % 2**62)
+        out = await self.policy.engine.generate(self.ids, params, self.policy.lora)
+        self.ids.extend(out.token_ids)
+        self.cached_tokens += out.cached_tokens
+        finish = out.finish
+        if finish == "length" and max_new < self.policy.max_new_tokens:
+            finish = "context"
+        parsed = self.chat.parse(out.token_ids, call_prefix=f"call_{self.turn}")
+        self.turn += 1
+        message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+        self.messages.append(message)
+        return AgentTurn(message=message, token_ids=out.token_ids, logprobs=out.logprobs, prompt_ids=prompt,
+                         parse_errors=parsed.errors, finish=finish, metadata={"cached_tokens": out.cached_tokens})
+
+    def close(self) -> dict[str, Any]:
+        """Report, as the HF backend does, whether a full re-render would have tokenized differently, and
+        how many prompt tokens vLLM's prefix cache served over the episode."""
+        return {"drift": self.chat.drifted(self.ids, self.messages) if self.messages else False,
+                "append_only": self.append_only, "cached_tokens": self.cached_tokens}

