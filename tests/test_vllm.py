@@ -208,9 +208,19 @@ def _changed_as_the_trainer(policy, before_model, after_model, trajectories, lor
     return largest
 
 
+@dataclass
+class _Lora:
+    model: str = "tiny"
+    lora_r: int = 4
+    lora_alpha: int = 8
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"
+
+
 def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
     from muarl.models import load
     from muarl.policies.vllm import VLLMPolicy
+    from muarl.train.weights import load_trainable
 
     policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=5)
     try:
@@ -227,17 +237,20 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
         for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
             trainer, engine = _recomputed(model, traj, 1.0)
             assert torch.allclose(trainer, engine, atol=TOLERANCE)
+        # a LoRA model through the same route, merged (for engines started without LoRA support)
+        torch.manual_seed(1)
+        adapted, _, _ = load_trainable(_Lora(), "cpu", None)
+        with torch.no_grad():
+            for name, p in adapted.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.05 * torch.randn_like(p))
+        policy.sync_weights(adapted)
+        for traj in (good, bad):
+            mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+            engine = _engine_scores(policy, traj.token_ids)[mask]
+            assert torch.allclose(engine, _trainer_scores(adapted, traj.token_ids)[mask], atol=TOLERANCE)
     finally:
         policy.close()
-
-
-@dataclass
-class _Lora:
-    model: str = "tiny"
-    lora_r: int = 4
-    lora_alpha: int = 8
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"
 
 
 def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
