@@ -103,6 +103,7 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
     from muarl.eval_cli import check_positive, limit_kwargs
     from muarl.factory import make_policy, make_user
     from muarl.faults import require_unfaulted
+    from muarl.provenance import record
     from muarl.rollout import EpisodeConfig, RolloutEngine
 
     check_positive(args, "n", "limit", "concurrency", "max_turns", "max_new_tokens")
@@ -123,7 +124,7 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
     trajs = [t for g in groups for t in g]
     # what was used, as given (module:attr for a plug-in), so `muarl view` finds the tasks again
     summary = {"domain": args.domain, "split": args.split, "policy": args.policy, "user": args.user,
-               **_summary(trajs)}
+               **_summary(trajs), "provenance": record([domain], policy, user, args.policy, args.user)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console = Console()
     table = Table(title=f"rollout {args.domain}/{args.split}: {args.policy} x {args.user}, n={args.n}")
@@ -186,7 +187,7 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     report = synthesize(domains, teacher, user, out, split=args.split, n=args.n, families=args.families,
                         exclude=args.exclude_families, behaviours=args.behaviours,
                         exclude_behaviours=args.exclude_behaviours, seed=args.seed, concurrency=args.concurrency,
-                        config=config, min_kept=args.min_kept)
+                        config=config, min_kept=args.min_kept, specs={"policy": args.teacher, "user": args.user})
     table = Table(title=f"cold-start synthesis: {args.teacher} x {args.user} on {args.split}")
     for col in ("domain/family", "played", "kept"):
         table.add_column(col)

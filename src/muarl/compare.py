@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from muarl.evaluate import RESULTS, RUN_CONFIG, TRAJECTORIES, EvalResult, result_from_trajectories
+from muarl.provenance import KEY as PROVENANCE
+from muarl.provenance import compare as compare_provenance
 
 #: per-task values compared by default, besides pass^1 .. pass^k (k: the smaller of the two runs' k)
 DEFAULT_METRICS: tuple[str, ...] = ("accuracy", "tcr", "avg_turns", "violation_rate", "transfer_rate")
@@ -57,12 +59,13 @@ def load_run(path: str | Path) -> EvalResult:
 def _from_trajectories(run_dir: Path) -> EvalResult:
     """An interrupted run's result, under the domain its ``config.json`` recorded (``module:attr`` for a
     plug-in), so that it pairs with a finished run of the same command and finds its task families."""
-    spec = None
+    spec = provenance = None
     if (run_dir / RUN_CONFIG).exists():
         try:
-            spec = json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8")).get("domain")
+            saved = json.loads((run_dir / RUN_CONFIG).read_text(encoding="utf-8"))
+            spec, provenance = saved.get("domain"), saved.get(PROVENANCE)
         except (ValueError, AttributeError):
-            spec = None
+            spec = provenance = None
     domain = None
     if isinstance(spec, str):
         from muarl.domain import get_domain
@@ -74,6 +77,8 @@ def _from_trajectories(run_dir: Path) -> EvalResult:
     result = result_from_trajectories(run_dir / TRAJECTORIES, domain=domain)
     if isinstance(spec, str):
         result.config["domain"] = spec
+    if isinstance(provenance, dict):
+        result.provenance = provenance
     return result
 
 
@@ -105,7 +110,11 @@ def available_metrics(run_a: EvalResult, run_b: EvalResult) -> list[str]:
 
 def compare_runs(run_a: EvalResult, run_b: EvalResult, metrics: Sequence[str] | None = None,
                  samples: int = 10_000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
-    """Compare two evaluations over the tasks they share; raises ValueError when they cannot be compared."""
+    """Compare two evaluations over the tasks they share; raises ValueError when they cannot be compared.
+
+    ``provenance`` lists, one line per field, where the two runs were made by different code, data, users
+    or policies (:func:`muarl.provenance.compare`): a warning, not an error, since comparing two
+    policies is the point, but the reader should know which other differences the numbers carry."""
     dom_a, dom_b = run_a.config.get("domain"), run_b.config.get("domain")
     if dom_a != dom_b:
         raise ValueError(f"the runs evaluate different domains ({dom_a} vs {dom_b}); nothing to pair")
@@ -139,6 +148,7 @@ def compare_runs(run_a: EvalResult, run_b: EvalResult, metrics: Sequence[str] | 
         "seed": seed,
         "confidence": confidence,
         "metrics": [{**asdict(d), "excludes_zero": d.excludes_zero} for d in diffs],
+        "provenance": compare_provenance(run_a.provenance, run_b.provenance),
     }
 
 

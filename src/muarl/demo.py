@@ -212,6 +212,19 @@ def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: 
     return result.metrics
 
 
+def provenance(config: DemoConfig, cold_start: Path, rl_model: Path) -> dict[str, Any]:
+    """What produced the demo's numbers (:func:`muarl.provenance.record`): muarl, the domain, the scripted
+    user and both evaluated models, the cold start and the RL one, by checkpoint directory."""
+    from muarl.domain import get_domain
+    from muarl.provenance import record
+    from muarl.users.scripted import ScriptedUser
+
+    found = record([get_domain(config.domain)], {}, ScriptedUser(), user_spec="scripted")
+    found["policy"] = {role: {"spec": f"hf:{model}", "model": str(model)}
+                       for role, model in (("cold_start", cold_start), ("rl", rl_model))}
+    return found
+
+
 def compare_evaluations(out: Path) -> dict[str, Any]:
     """``comparison.json``: after RL minus cold start per metric, paired over tasks with 95% bootstrap intervals."""
     from muarl.compare import compare_runs, load_run
@@ -402,6 +415,7 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
                "total_seconds": round(sum(clock.values()), 1)}
     comparison = compare_evaluations(out)
     summary["comparison"] = {m["metric"]: [m["diff"], m["low"], m["high"]] for m in comparison["metrics"]}
+    summary["provenance"] = provenance(config, sft_model, rl_model)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     changed = changed_conversations(out)
     plot(out)

@@ -73,6 +73,11 @@ class Domain:
     #: The unsafe ``expert-noconfirm`` calls it with ``skip_confirmation=True`` as well (a subclass of
     #: :class:`muarl.policies.script.TeacherSession` takes both)
     teacher: Callable[..., Any] | None = None
+    #: what besides muarl's own code decides this domain's results (a benchmark package's version, its
+    #: task set, a hash of the data files read), recorded in every results file (:mod:`muarl.provenance`)
+    #: so that two numbers made from different data are told apart; a dict, or a zero-argument callable
+    #: computing one when a result is written. None: nothing beyond muarl's commit (the built-in domains)
+    provenance: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]

@@ -147,6 +147,7 @@ def _compare_cmd(args: argparse.Namespace) -> int:
     report.update({"run_a": args.run_a, "run_b": args.run_b})
     if args.json:
         print(json.dumps(report, indent=1))
+        print_provenance(report["provenance"])
         return 0
     console = Console()
     pct = f"{report['confidence']:.0%}"
@@ -164,7 +165,19 @@ def _compare_cmd(args: argparse.Namespace) -> int:
                       "out[/yellow]")
     sig = [d["metric"] for d in report["metrics"] if d["excludes_zero"]]
     console.print("differences whose interval excludes 0: " + (", ".join(sig) if sig else "none"))
+    print_provenance(report["provenance"])
     return 0
+
+
+def print_provenance(found: dict[str, Any]) -> None:
+    """The runs' provenance differences, one warning line per field (stderr, unwrapped, so that each stays
+    one greppable line), or the note that a run has no record."""
+    import sys
+
+    for line in found["warnings"]:
+        print(f"warning: the runs differ in {line}", file=sys.stderr)
+    if found["note"]:
+        print(f"note: {found['note']}", file=sys.stderr)
 
 
 def _chat_cmd(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from muarl.domain import Domain
 from muarl.faults import fault_counts, require_unfaulted
 from muarl.policies.base import Policy
+from muarl.provenance import record as provenance_record
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
 from muarl.types import Task, Trajectory
 from muarl.users.base import UserSimulator
@@ -200,11 +201,14 @@ class EvalResult:
     trajectories: list[list[Trajectory]] = field(default_factory=list)
     families: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
+    #: what produced it (:func:`muarl.provenance.record`); None for a run written before muarl kept one, or
+    #: rebuilt from trajectories alone
+    provenance: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """What ``results.json`` holds (trajectories live in ``trajectories.jsonl``)."""
         return {"config": self.config, "metrics": self.metrics, "families": self.families, "tasks": self.tasks,
-                "timing": self.timing}
+                "timing": self.timing, "provenance": self.provenance}
 
     def write(self, out_dir: str | Path) -> None:
         """Write results.json and results.md (atomically), and trajectories.jsonl when it is not there yet."""
@@ -283,7 +287,7 @@ class EvalResult:
             groups = [[found[(r["task_id"], m)] for m in range(k) if (r["task_id"], m) in found]
                       for r in data["tasks"]]
         return cls(data["config"], data["metrics"], data["tasks"], groups, data.get("families", {}),
-                   data.get("timing", {}))
+                   data.get("timing", {}), data.get("provenance"))
 
 
 def result_from_trajectories(path: str | Path, sim_faults: SimFaults = "exclude",
@@ -320,8 +324,9 @@ def _split_of(tasks: Iterable[Task]) -> str:
     return "+".join(sorted({t.split for t in tasks}))
 
 
-def _check_run_dir(out: Path, config: dict[str, Any]) -> None:
-    """Refuse to resume into a directory whose trajectories were played with other settings."""
+def _check_run_dir(out: Path, config: dict[str, Any], provenance: dict[str, Any] | None = None) -> None:
+    """Refuse to resume into a directory whose trajectories were played with other settings; then record
+    the settings (with ``provenance``, so that an interrupted run still says what produced it)."""
     saved = out / RUN_CONFIG
     if saved.exists():
         try:
@@ -337,7 +342,7 @@ def _check_run_dir(out: Path, config: dict[str, Any]) -> None:
     elif (out / TRAJECTORIES).exists():
         raise ValueError(f"{out / TRAJECTORIES} exists but {out} has no {RUN_CONFIG} from an evaluation "
                          "(a `muarl rollout` directory?); use an empty output directory")
-    _atomic_write(saved, json.dumps(config, indent=1) + "\n")
+    _atomic_write(saved, json.dumps({**config, "provenance": provenance}, indent=1) + "\n")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -381,11 +386,13 @@ async def evaluate_async(
         "sim_faults": sim_faults, "user_timeout": config.user_timeout, "agent_timeout": config.agent_timeout,
         "tool_timeout": config.tool_timeout, **dict(meta or {}),
     }
+    specs = dict(meta or {})
+    provenance = provenance_record([domain], policy, user, specs.get("policy"), specs.get("user"))
     out = Path(out_dir) if out_dir is not None else None
     resumed = 0
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        _check_run_dir(out, run_config)
+        _check_run_dir(out, run_config, provenance)
         present = load_trajectories(out / TRAJECTORIES)
         resumed = sum((t.id, m) in present for t in tasks for m in range(k))
     engine = RolloutEngine(domain, policy, user, config, group_size=k, concurrency=concurrency,
@@ -396,7 +403,7 @@ async def evaluate_async(
     wall = time.perf_counter() - start
     metrics, rows, fams = summarize(groups, {t.id: t.family for t in tasks}, k, sim_faults)
     timing = {"wall_s": round(wall, 3), "episodes_run": len(tasks) * k - resumed, "episodes_resumed": resumed}
-    result = EvalResult(run_config, metrics, rows, groups, fams, timing)
+    result = EvalResult(run_config, metrics, rows, groups, fams, timing, provenance)
     if out is not None:
         result.write(out)
     where = f"; the trajectories are in {out / TRAJECTORIES}" if out is not None else ""

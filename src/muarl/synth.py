@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from muarl.domain import Domain
 from muarl.faults import RunFailed, fault_message
 from muarl.policies.base import Policy
+from muarl.provenance import record
 from muarl.rollout import EpisodeConfig, RolloutEngine
 from muarl.types import Message, Scenario, Task, Trajectory
 from muarl.users.base import UserSimulator
@@ -50,12 +51,14 @@ class SynthReport:
     failures: list[dict[str, str]] = field(default_factory=list)
     #: why no data set was written (None: it was)
     refused: str | None = None
+    #: what produced the data set (:func:`muarl.provenance.record`: muarl, the domains' data, teacher, user)
+    provenance: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"played": dict(self.played), "kept": dict(self.kept), "rejected": dict(self.rejected),
                 "kept_behaviours": dict(sorted(self.kept_behaviours.items())),
                 "kept_total": sum(self.kept.values()), "played_total": sum(self.played.values()),
-                "refused": self.refused, "failures": self.failures}
+                "refused": self.refused, "failures": self.failures, "provenance": self.provenance}
 
 
 #: what each named simulated-user behaviour looks like in a task's scenario (see :func:`user_behaviours`)
@@ -259,6 +262,7 @@ def synthesize(
     progress: bool = True,
     config: EpisodeConfig | None = None,
     min_kept: float = MIN_KEPT,
+    specs: Mapping[str, str] | None = None,
 ) -> SynthReport:
     """Play every selected task ``n`` times per domain and write ``out/sft.jsonl`` and ``out/report.json``.
 
@@ -267,13 +271,16 @@ def synthesize(
     clean win. ``config`` sets the episodes' limits (default: :class:`EpisodeConfig`'s, required outputs
     graded). A teacher that failed writes no data set (:func:`refusal`: it or the user raised for a task,
     or fewer than ``min_kept`` of the episodes are clean wins): :class:`SynthesisFailed` names the tasks,
-    and report.json and the raw trajectories stay for a look (``muarl view OUT``).
+    and report.json and the raw trajectories stay for a look (``muarl view OUT``). report.json records what
+    produced the data (its ``provenance``; ``specs`` gives the teacher's and user's command-line specs,
+    keys ``policy`` and ``user``), so an SFT model can be traced to the teacher and data it learned from.
     """
     if not 0 <= min_kept <= 1:
         raise ValueError(f"--min-kept must be between 0 and 1 (got {min_kept:g})")
     out.mkdir(parents=True, exist_ok=True)
     (out / "trajectories").mkdir(exist_ok=True)
-    report = SynthReport()
+    given = dict(specs or {})
+    report = SynthReport(provenance=record(domains, teacher, user, given.get("policy"), given.get("user")))
     lines: list[str] = []
     for domain in domains:
         tasks = select_tasks(domain.tasks(split), families, exclude, behaviours, exclude_behaviours)

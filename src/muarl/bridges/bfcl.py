@@ -322,9 +322,18 @@ def load(name: str) -> Domain:
             build_tasks=lambda d, seed, counts: list(tasks), task_counts={"train": 0, "dev": 0, "test": len(tasks)},
             requires_auth=False, scorer=make_scorer(data), scripted_user=BFCLUser(), narrow=view,
             make_env=lambda d, task, context: BFCLEnv(runnable or d, task, context, data),
+            provenance=lambda: provenance(category),
         )
 
     return _domain(f"bfcl:{category}", list(tools.values()), None)
+
+
+def provenance(category: str) -> dict[str, Any]:
+    """What a BFCL result depends on besides muarl: bfcl-eval's version, which carries the data, the
+    executable classes and the checker alike, and the category played."""
+    from muarl.provenance import package_version
+
+    return {"benchmark": "BFCL-V3 multi-turn", **package_version("bfcl_eval"), "category": category}
 
 
 # -- the ground truth as a policy (for checking the bridge end to end) ---------------------------------

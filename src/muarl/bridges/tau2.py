@@ -20,6 +20,7 @@ are kept in ``task.context["tau2"]`` but not checked.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,6 +42,8 @@ DOMAINS: dict[str, tuple[str, str]] = {
 }
 #: the key under which an env's :class:`Tau2World` sits in its view's context (what the tools reach)
 WORLD = "_tau2_world"
+#: the task set of tau2's that the bridge plays (tau2's ``get_tasks(TASK_SET)``)
+TASK_SET = "base"
 
 
 def _import_tau2(module: str) -> Any:
@@ -64,7 +67,16 @@ class Bridge:
 
     @cached_property
     def tau2_tasks(self) -> dict[str, Any]:
-        return {t.id: t for t in self.module.get_tasks("base")}
+        return {t.id: t for t in self.module.get_tasks(TASK_SET)}
+
+    @cached_property
+    def tasks_sha256(self) -> str:
+        """SHA-256 of the task set as tau2 parsed it, in id order: a task edited between two tau2 installs
+        (or in a tau2 checkout) changes it even where the package version stays."""
+        digest = hashlib.sha256()
+        for task_id in sorted(self.tau2_tasks):
+            digest.update(self.tau2_tasks[task_id].model_dump_json().encode() + b"\n")
+        return digest.hexdigest()
 
     def world(self, task: Task | None) -> Tau2World:
         t2 = self.tau2_tasks.get(task.id) if task is not None else None
@@ -214,7 +226,17 @@ def load(name: str) -> Domain:
         task_counts=counts,
         owner_of=owner_of,  # with the task's user and the identifying tools: muarl's policy checks
         make_env=lambda domain, task, context: Tau2Env(domain, task, context, b),
+        provenance=lambda: provenance(b),
     )
+
+
+def provenance(b: Bridge) -> dict[str, Any]:
+    """What a tau2 result depends on besides muarl: tau2's package version (its tools, policies and
+    evaluator), the task set played and a hash of its tasks."""
+    from muarl.provenance import package_version
+
+    return {"benchmark": "tau2-bench", **package_version("tau2"), "domain": b.name, "task_set": TASK_SET,
+            "tasks": len(b.tau2_tasks), "tasks_sha256": b.tasks_sha256}
 
 
 # -- tau2's own judge ------------------------------------------------------------------------------------

@@ -64,3 +64,8 @@ class Policy(ABC):
         ``seed`` fixes the session's sampling: the episode engine derives it from (run seed, task, group
         member), so a resumed run samples its remaining episodes exactly as an uninterrupted one would.
         """
+
+    def provenance(self) -> dict[str, Any]:
+        """What this policy is, for the record in every results file (:mod:`muarl.provenance`): its name,
+        and in a model backend the model it runs, so that two results can be told apart by it."""
+        return {"name": self.name}

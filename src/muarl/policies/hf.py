@@ -631,6 +631,11 @@ class HFPolicy(Policy):
         """Call after changing the model's weights (a training step): cached prefix KV is stale then."""
         self.engine.prefix = None
 
+    def provenance(self) -> dict[str, Any]:
+        """The name and the checkpoint the weights were loaded from (Hugging Face's ``_name_or_path``: the
+        directory even when the model was handed over loaded, as the demo and the trainer do)."""
+        return {"name": self.name, "model": getattr(getattr(self.model, "config", None), "_name_or_path", None)}
+
     def chat_format(self, domain: Domain) -> ChatFormat:
         if domain.name not in self._formats:
             self._formats[domain.name] = ChatFormat(self.tokenizer, [t.spec for t in domain.tools])

@@ -56,6 +56,10 @@ class OpenAIPolicy(Policy):
         self.seed = seed
         self._sessions = itertools.count()
 
+    def provenance(self) -> dict[str, Any]:
+        """The served model's name and the endpoint: what an API policy's results depend on."""
+        return {"name": self.name, "model": self.endpoint.model, "base_url": self.endpoint.base_url}
+
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> OpenAIPolicySession:
         tools = [t.spec.openai_schema() for t in domain.tools]
         rng_seed = (self.seed or 0) * 1_000_003 + (next(self._sessions) if seed is None else seed)

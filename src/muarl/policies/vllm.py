@@ -73,6 +73,10 @@ class VLLMPolicy(Policy):
         self._formats: dict[str, ChatFormat] = {}
         self._sessions = 0
 
+    def provenance(self) -> dict[str, Any]:
+        """The name and the checkpoint directory vLLM serves (after weight syncs: the one it started from)."""
+        return {"name": self.name, "model": str(self.path)}
+
     def chat_format(self, domain: Domain) -> ChatFormat:
         if domain.name not in self._formats:
             self._formats[domain.name] = ChatFormat(self.tokenizer, [t.spec for t in domain.tools])

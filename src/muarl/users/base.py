@@ -62,6 +62,11 @@ class UserSimulator(ABC):
     def session(self, task: Task, seed: int) -> UserSession:
         """A fresh session playing ``task``."""
 
+    def provenance(self) -> dict[str, Any]:
+        """What this simulator is, for the record in every results file (:mod:`muarl.provenance`): its name,
+        and for an LLM-played user the model that plays it (a result depends on who the user was)."""
+        return {"name": self.name}
+
     def for_domain(self, domain: Domain) -> UserSimulator:
         """This simulator bound to the domain an episode runs in (the episode loop calls it before
         :meth:`session`), so that it can play that domain's way (its ``user_script``, its stand-in user)

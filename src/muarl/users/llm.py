@@ -106,6 +106,10 @@ class LLMUser(UserSimulator):
         self.tools = tools
         self.max_tool_rounds = max_tool_rounds
 
+    def provenance(self) -> dict[str, Any]:
+        """The model that plays the user and its endpoint: an LLM user's behaviour is that model's."""
+        return {"name": self.name, "model": self.endpoint.model, "base_url": self.endpoint.base_url}
+
     def tool_specs(self, task: Task) -> list[ToolSpec]:
         """The user tools this task's customer may use (looked up from the task's domain)."""
         if self.tools is not None:
