@@ -7,8 +7,12 @@ agreement study is ``scripts/acebench_agreement.py``; these tests run it on samp
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import os
 import random
 import subprocess
@@ -29,10 +33,12 @@ os.environ["MUARL_ACEBENCH_DATA"] = str(DATA)
 
 from muarl.bridges.acebench import (  # noqa: E402
     ACEBenchUser,
+    DataError,
     acebench_judge,
     first_person,
     item_of,
 )
+from muarl.cli import build_parser  # noqa: E402
 from muarl.domain import get_domain  # noqa: E402
 from muarl.gold import gold_score  # noqa: E402
 from muarl.policies.base import AgentTurn, Policy, PolicySession  # noqa: E402
@@ -252,6 +258,81 @@ def test_missing_or_malformed_data_directory_is_one_clear_line(tmp_path):
         assert lines[0].startswith("muarl: error: ") and what in lines[0], lines[0]
         if data is not None:
             assert Path(data).name in lines[0]
+
+
+def _muarl(tmp_path: Path, *args: str, env_data: str | None = None) -> subprocess.CompletedProcess:
+    """``muarl ARGS`` in a fresh process, with ``$MUARL_ACEBENCH_DATA`` set to ``env_data`` (or unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "MUARL_ACEBENCH_DATA"}
+    if env_data is not None:
+        env["MUARL_ACEBENCH_DATA"] = env_data
+    return subprocess.run([sys.executable, "-m", "muarl", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+
+
+def test_data_option_names_the_directory_over_the_variable(tmp_path):
+    # --data alone is enough, and wins over a variable that names nothing usable
+    for variable in (None, str(tmp_path / "nowhere")):
+        done = _muarl(tmp_path, "gold", "acebench:multi_step", "--data", str(DATA), env_data=variable)
+        assert done.returncode == 0 and "all gold trajectories score 1.0" in done.stdout, done.stderr
+    # every command that takes a domain takes it: eval end to end, and its record names the data read
+    out = tmp_path / "eval"
+    done = _muarl(tmp_path, "eval", "--domain", "acebench:multi_step", "--data", str(DATA), "--limit", "2", "--k", "1",
+                  "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    record = json.loads((out / "results.json").read_text())["provenance"]["domains"]["acebench:multi_step"]
+    digest = hashlib.sha256()
+    for name in ("data_agent_multi_step.json", "possible_answer/data_agent_multi_step.json"):
+        digest.update(name.encode() + b"\0" + (DATA / name).read_bytes())
+    assert record["data_sha256"] == digest.hexdigest()
+    assert (record["package"], record["version"]) == ("evalscope", importlib.metadata.version("evalscope"))
+    # one definition serves every command that takes a domain (sft's --data is its own: data files)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    takes = {name for name, p in sub.choices.items() if any(a.dest == "data_dir" for a in p._actions)}
+    assert takes == {"gold", "rollout", "synth", "grpo", "eval", "chat", "demo", "serve-mcp"}
+
+
+def test_data_errors_say_where_the_directory_came_from(tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "possible_answer").mkdir(parents=True)
+    (broken / "data_agent_multi_step.json").write_text("not json\n")
+    cases = [  # (--data, $MUARL_ACEBENCH_DATA, what the one line says)
+        (str(tmp_path / "nowhere"), str(DATA), f"{tmp_path / 'nowhere'} (from --data) does not exist"),
+        (None, str(tmp_path / "nowhere"), f"{tmp_path / 'nowhere'} (from MUARL_ACEBENCH_DATA) does not exist"),
+        (str(broken), str(DATA), f"line 1 is not valid JSON (Expecting value) (the data directory {broken} is from "
+                                 "--data)"),
+        (None, str(broken), f"(the data directory {broken} is from MUARL_ACEBENCH_DATA)"),
+    ]
+    for option, variable, what in cases:
+        done = _muarl(tmp_path, "gold", "acebench:multi_step", *(["--data", option] if option else []),
+                      env_data=variable)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("muarl: error: ") and what in lines[0], lines[0]
+
+
+def test_data_option_on_a_domain_that_reads_none_is_one_clear_line(tmp_path):
+    for name, args in (("retail", ["gold", "retail"]), ("mcp:retail", ["rollout", "--domain", "mcp:retail", "--out", "x"])):
+        done = _muarl(tmp_path, *args, "--data", str(DATA))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0] == (f"muarl: error: domain {name} reads no data directory, but --data {DATA} was given; "
+                            "--data names the data of the bridges that read a benchmark's data from a directory "
+                            "(docs/bridges.md)"), lines[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_get_domain_takes_the_data_directory_and_the_option_is_scoped(tmp_path):
+    from muarl.domain import data_option
+
+    named = get_domain("acebench:multi_step", data=DATA)
+    assert len(named.tasks()) == 20 and named is get_domain("acebench:multi_step", data=str(DATA))
+    with data_option(str(tmp_path / "nowhere")):
+        with pytest.raises(DataError, match="from --data"):
+            get_domain("acebench:multi_turn")
+        with pytest.raises(ValueError, match="domain airline reads no data directory"):
+            get_domain("airline")
+    assert get_domain("airline").name == "airline"  # the option ends with its command
 
 
 def test_unknown_category_is_a_clear_error():

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from muarl.domain import domain_names, get_domain
+from muarl.domain import data_option, domain_names, get_domain
 from muarl.factory import POLICY_FORMS, USER_FORMS
 from muarl.gold import gold_score
 from muarl.types import SPLITS
@@ -312,7 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
     # training options of sft / grpo).
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_commands(sub)
+    add_data_option(sub)
     return parser
+
+
+def add_data_option(sub: argparse._SubParsersAction) -> None:
+    """``--data DIR`` on every command that takes a domain (``--domain`` or a ``domain`` argument).
+
+    Added here, after every module has added its commands, so that one definition serves them all and a
+    new command that takes a domain gets it too. ``main`` opens :func:`muarl.domain.data_option` with it."""
+    for parser in sub.choices.values():
+        if any(action.dest == "domain" for action in parser._actions):
+            parser.add_argument("--data", dest="data_dir", metavar="DIR",
+                                help="the data directory of a bridge that reads one (acebench:...: ACEBench's "
+                                     "data_en), over its environment variable; an error for any other domain")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from muarl.faults import RunFailed
 
     try:
-        return args.func(args)
+        with data_option(getattr(args, "data_dir", None)):
+            return args.func(args)
     except RunFailed as err:  # the run played, but measured nothing (or its data would be wrong): one line
         print(f"muarl: error: {err}", file=sys.stderr)
         return 1

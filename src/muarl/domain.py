@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -228,6 +230,10 @@ def save_tasks(tasks: Iterable[Task], path: Path, **meta: Any) -> None:
 
 
 _REGISTRY: dict[str, Domain | Callable[[], Domain]] = {}
+#: bridged domains loaded from a data directory named explicitly, by (name, directory)
+_WITH_DATA: dict[tuple[str, str], Domain] = {}
+#: the data directory named on the command line (``--data DIR``); see :func:`data_option`
+_DATA_OPTION: Path | None = None
 #: name prefixes served by muarl.bridges.<prefix> (tau2-bench and BFCL domains, optional extras; MCP servers)
 _BRIDGES = ("tau2:", "bfcl:", "mcp:", "acebench:")
 _BUILTINS = {"retail": "muarl.domains.retail", "airline": "muarl.domains.airline", "telecom": "muarl.domains.telecom",
@@ -242,13 +248,67 @@ def register(domain: Domain | Callable[[], Domain], name: str | None = None) -> 
     _REGISTRY[key] = domain
 
 
-def get_domain(name: str) -> Domain:
+@contextmanager
+def data_option(path: str | Path | None) -> Iterator[None]:
+    """While it is open, :func:`get_domain` loads every domain from the data directory ``path`` (the
+    command line's ``--data DIR``; None: none given).
+
+    Process-wide rather than passed along, because a command reaches its domain again by name far from
+    where the option was parsed (GRPO's trainer, an LLM user's tool list, ``muarl view``): every one of
+    those must read the same data. Restored on exit, so one command's option never leaks into the next
+    (tests call ``main()`` many times in one process).
+    """
+    global _DATA_OPTION
+    before = _DATA_OPTION
+    _DATA_OPTION = Path(path).expanduser() if path not in (None, "") else None
+    try:
+        yield
+    finally:
+        _DATA_OPTION = before
+
+
+def _data_loader(name: str) -> Callable[..., Domain] | None:
+    """The bridge's ``load(rest, data=...)`` when the bridge named by ``name``'s prefix reads a data
+    directory (its ``load`` takes ``data``), else None."""
+    if not name.startswith(_BRIDGES):
+        return None
+    load = importlib.import_module(f"muarl.bridges.{name.split(':', 1)[0]}").load
+    return load if "data" in inspect.signature(load).parameters else None
+
+
+def _domain_with_data(name: str, path: Path) -> Domain:
+    key = (name, str(path))
+    if key not in _WITH_DATA:
+        load = _data_loader(name)
+        if load is None:
+            if not name.startswith(_BRIDGES):
+                _lookup(name)  # an unknown name is the usual KeyError, not a complaint about --data
+            raise ValueError(f"domain {name} reads no data directory, but --data {path} was given; --data names "
+                             "the data of the bridges that read a benchmark's data from a directory "
+                             "(docs/bridges.md)")
+        _WITH_DATA[key] = load(name.split(":", 1)[1], data=path)
+    return _WITH_DATA[key]
+
+
+def get_domain(name: str, data: str | Path | None = None) -> Domain:
     """Look a domain up by name; built-ins are imported lazily, ``pkg.module:attr`` loads a user domain.
 
     A bridged name (``tau2:``, ``bfcl:``, ``mcp:``, ``acebench:``) wins over ``module:attr``. A bad
     ``module:attr`` (misspelt module or attribute, an object that is not a :class:`Domain` nor a
     zero-argument factory of one) is a one-line KeyError, which the command line prints, never a traceback.
+
+    ``data`` (default: the command line's ``--data``, see :func:`data_option`) names the data directory
+    of a bridge that reads one (ACEBench), over the bridge's environment variable; for any other domain
+    it is a one-line ValueError rather than an option silently ignored.
     """
+    data = data if data not in (None, "") else _DATA_OPTION
+    if data is not None:
+        return _domain_with_data(name, Path(data).expanduser())
+    return _lookup(name)
+
+
+def _lookup(name: str) -> Domain:
+    """:func:`get_domain` without a data directory: the registry, built-ins, bridges, ``module:attr``."""
     if name not in _REGISTRY and name in _BUILTINS:
         importlib.import_module(_BUILTINS[name])
     if name not in _REGISTRY and name.startswith(_BRIDGES):  # optional extras, imported on first use

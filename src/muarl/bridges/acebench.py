@@ -26,6 +26,7 @@ fresh instances, its checker and milestone accuracy), for measuring agreement wi
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from muarl.bridges import given, json_schema, loose_args
-from muarl.bridges.acebench_data import CATEGORIES, DataError, Item, data_dir, load_items, message_text
+from muarl.bridges.acebench_data import (
+    CATEGORIES,
+    DataError,
+    Item,
+    data_files,
+    data_source,
+    load_items,
+    message_text,
+)
 from muarl.bridges.acebench_evalscope import module
 from muarl.bridges.acebench_gold import oracle
 from muarl.bridges.acebench_world import World, acebench_verdict, milestone_score, strict_mismatches
@@ -65,10 +74,16 @@ class Data:
     category: str
     directory: Path
     items: dict[str, Item] = field(default_factory=dict)
+    #: SHA-256 of the category's two data files as they were read (see :func:`provenance`)
+    sha256: str = ""
 
     def load(self) -> Data:
         known = set(module("scenarios").CLASS_MODULE_MAPPING)
         self.items = {i.id: i for i in load_items(self.directory, self.category, known)}
+        digest = hashlib.sha256()
+        for path in data_files(self.directory, self.category):
+            digest.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes())
+        self.sha256 = digest.hexdigest()
         return self
 
 
@@ -76,12 +91,28 @@ _DATA: dict[str, Data] = {}
 
 
 def category_data(category: str, directory: str | Path | None = None) -> Data:
-    """The category's data from ``directory`` (default: ``$MUARL_ACEBENCH_DATA``), cached per process."""
-    path = data_dir(directory)
+    """The category's data from ``directory`` (a ``--data`` option; default ``$MUARL_ACEBENCH_DATA``),
+    cached per process. A file missing or malformed in it is one line that also says which of the two named
+    the directory."""
+    path, source = data_source(directory)
     cached = _DATA.get(category)
     if cached is None or cached.directory != path:
-        cached = _DATA[category] = Data(category, path).load()
+        try:
+            cached = Data(category, path).load()
+        except DataError as err:
+            raise DataError(f"{err} (the data directory {path} is from {source})") from None
+        _DATA[category] = cached
     return cached
+
+
+def provenance(data: Data) -> dict[str, Any]:
+    """What an ACEBench result depends on besides muarl: evalscope's version (its scenario classes and
+    checker run every call and grade it) and the data files read, by hash (ACEBench's data has no version
+    of its own, and the directory may be any copy)."""
+    from muarl.provenance import package_version
+
+    return {"benchmark": "ACEBench agent", **package_version("evalscope"), "category": data.category,
+            "data_sha256": data.sha256}
 
 
 def item_of(task: Task) -> Item:
@@ -279,20 +310,22 @@ class _Session(UserSession):
 # -- domains ---------------------------------------------------------------------------------------------
 
 
-def load(name: str, directory: str | Path | None = None) -> Domain:
-    """``get_domain("acebench:<category>")`` lands here (``acebench:<category>/...`` names one item's view)."""
+def load(name: str, data: str | Path | None = None) -> Domain:
+    """``get_domain("acebench:<category>")`` lands here (``acebench:<category>/...`` names one item's view);
+    ``data`` is the ``--data`` directory (default: ``$MUARL_ACEBENCH_DATA``). Taking ``data`` is what makes
+    :func:`muarl.domain.get_domain` accept ``--data`` for these domains."""
     category = name.split("/", 1)[0]
     if category not in CATEGORIES:
         raise KeyError(f"unknown ACEBench category {category!r}; choose from "
                        f"{', '.join('acebench:' + c for c in CATEGORIES)}")
-    data = category_data(category, directory)
-    tools = {doc["name"]: _tool(doc) for item in data.items.values() for doc in item.functions}
-    tasks = [convert_item(item) for item in data.items.values()]
+    loaded = category_data(category, data)
+    tools = {doc["name"]: _tool(doc) for item in loaded.items.values() for doc in item.functions}
+    tasks = [convert_item(item) for item in loaded.items.values()]
     views: dict[tuple[str, tuple[str, ...]], Domain] = {}
 
     def view(domain: Domain, task: Task) -> Domain:
         """The item's domain: its functions and its scenario's policy."""
-        item = data.items[task.id]
+        item = loaded.items[task.id]
         key = (scenario_policy(item), tuple(f["name"] for f in item.functions))
         if key not in views:
             label = "+".join(item.classes)
@@ -304,8 +337,9 @@ def load(name: str, directory: str | Path | None = None) -> Domain:
             name=domain_name, description=f"ACEBench agent {category} (evalscope's scenario classes and checker)",
             policy=policy, tools=agent_tools, build_db=lambda seed, size: {},
             build_tasks=lambda d, seed, counts: list(tasks), task_counts={"train": 0, "dev": 0, "test": len(tasks)},
-            requires_auth=False, scorer=make_scorer(data), scripted_user=ACEBenchUser(), narrow=view,
-            make_env=lambda d, task, context: ACEBenchEnv(d, task, context, data),
+            requires_auth=False, scorer=make_scorer(loaded), scripted_user=ACEBenchUser(), narrow=view,
+            make_env=lambda d, task, context: ACEBenchEnv(d, task, context, loaded),
+            provenance=lambda: provenance(loaded),
         )
 
     return _domain(f"acebench:{category}", list(tools.values()), POLICY)

@@ -50,20 +50,35 @@ class Item:
     milestones: list[list[str]]
 
 
-def data_dir(explicit: str | Path | None = None) -> Path:
-    """The data directory: ``explicit`` (a ``--data`` option) or ``$MUARL_ACEBENCH_DATA``."""
+def data_source(explicit: str | Path | None = None) -> tuple[Path, str]:
+    """The data directory and where it was named: ``explicit`` (a ``--data`` option) or ``$MUARL_ACEBENCH_DATA``.
+
+    The source travels with the path so that every error about the directory can say which of the two
+    named it: with both set, a user who fixed the variable would otherwise keep reading the option's path
+    and wonder why nothing changed."""
     given = explicit not in (None, "")
     chosen = explicit if given else os.environ.get(ENV_VAR, "")
     if not chosen:
-        raise DataError(f"the acebench domains need ACEBench's English agent data: set {ENV_VAR} to its data_en "
-                        "directory, e.g. ../shared/acebench/data_en (muarl ships none of it)")
+        raise DataError(f"the acebench domains need ACEBench's English agent data: pass --data DIR or set {ENV_VAR} "
+                        "to its data_en directory, e.g. ../shared/acebench/data_en (muarl ships none of it)")
     source = "--data" if given else ENV_VAR
     path = Path(str(chosen)).expanduser()
     if not path.exists():
         raise DataError(f"acebench data directory {path} (from {source}) does not exist")
     if not path.is_dir():
         raise DataError(f"acebench data directory {path} (from {source}) is not a directory")
-    return path
+    return path, source
+
+
+def data_dir(explicit: str | Path | None = None) -> Path:
+    """The data directory: ``explicit`` (a ``--data`` option) or ``$MUARL_ACEBENCH_DATA``."""
+    return data_source(explicit)[0]
+
+
+def data_files(directory: Path, category: str) -> list[Path]:
+    """The two files a category is read from: its items and their answers."""
+    name = f"data_agent_{category}.json"
+    return [directory / name, directory / "possible_answer" / name]
 
 
 def _lines(path: Path, keys: dict[str, type]) -> list[dict[str, Any]]:
