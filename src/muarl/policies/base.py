@@ -7,6 +7,7 @@ call to :meth:`PolicySession.next` passes only the messages that are new since t
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,14 @@ from muarl.types import Message
 if TYPE_CHECKING:
     from muarl.domain import Domain
     from muarl.types import Task
+
+
+
+def episode_seed(seed: int, task_id: str, which: int | str) -> int:
+    """A 64-bit sampling seed for one episode, from the policy's seed, the task and the episode (its seed, or
+    the policy's count of sessions): the same episode samples alike in every backend and every rerun."""
+    digest = hashlib.sha256(f"{seed}:{task_id}:{which}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
 @dataclass

@@ -16,7 +16,6 @@ fewer tokens than its bucket's longest), and positions are passed explicitly for
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from muarl.chat import ChatFormat
-from muarl.policies.base import AgentTurn, Policy, PolicySession
+from muarl.policies.base import AgentTurn, Policy, PolicySession, episode_seed
 from muarl.types import Message
 
 if TYPE_CHECKING:
@@ -644,8 +643,7 @@ class HFPolicy(Policy):
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> HFSession:
         self._sessions += 1
         which = self._sessions if seed is None else f"episode {seed}"
-        digest = hashlib.sha256(f"{self.seed}:{task.id}:{which}".encode()).digest()
-        generator = torch.Generator(device=self.engine.device).manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+        generator = torch.Generator(device=self.engine.device).manual_seed(episode_seed(self.seed, task.id, which) >> 1)
         return HFSession(self, self.chat_format(domain), _Sequence(generator=generator))
 
 

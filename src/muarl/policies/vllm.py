@@ -22,13 +22,12 @@ version-specific API.
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from muarl.chat import ChatFormat
-from muarl.policies.base import AgentTurn, Policy, PolicySession
+from muarl.policies.base import AgentTurn, Policy, PolicySession, episode_seed
 from muarl.policies.vllm_engine import VLLMEngine
 from muarl.types import Message
 
@@ -85,8 +84,7 @@ class VLLMPolicy(Policy):
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> VLLMSession:
         self._sessions += 1
         which = self._sessions if seed is None else f"episode {seed}"
-        digest = hashlib.sha256(f"{self.seed}:{task.id}:{which}".encode()).digest()
-        return VLLMSession(self, self.chat_format(domain), int.from_bytes(digest[:8], "big") >> 2)
+        return VLLMSession(self, self.chat_format(domain), episode_seed(self.seed, task.id, which) >> 2)
 
     # -- weight sync ----------------------------------------------------------------------------------
     def sync_weights(self, model: Any) -> None:
