@@ -17,7 +17,9 @@ class LossBatch:
     """
 
     logprobs: torch.Tensor  # under the current policy (requires grad)
-    old_logprobs: torch.Tensor  # under the policy that sampled them
+    #: the PPO ratio's denominator: the sampler's log-probs, or with truncated importance sampling the
+    #: trainer's own from before the update (:mod:`muarl.algorithms.mismatch`)
+    old_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
     ref_logprobs: torch.Tensor | None = None  # under the reference model, for the KL term
@@ -26,6 +28,8 @@ class LossBatch:
     #: micro-batch losses (and gradients) add up exactly to the whole batch's token-mean (or Dr.GRPO) loss.
     total_tokens: float | None = None
     total_sequences: float | None = None
+    #: per-token weights of the policy-gradient term (truncated importance sampling); None: all 1
+    is_weights: torch.Tensor | None = None
 
 
 @dataclass
@@ -66,12 +70,16 @@ def clipped_surrogate(batch: LossBatch, clip_low: float, clip_high: float) -> tu
     """PPO's clipped per-token loss, whether clipping was active per token, and the ratio.
 
     loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A). With clip_high > clip_low
-    this is DAPO's clip-higher, which leaves low-probability tokens more room to grow.
+    this is DAPO's clip-higher, which leaves low-probability tokens more room to grow. With
+    ``batch.is_weights`` each token's loss is multiplied by its weight (truncated importance sampling).
     """
     ratio = torch.exp(batch.logprobs - batch.old_logprobs)
     unclipped = -batch.advantages * ratio
     clipped = -batch.advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float(), ratio
+    loss = torch.maximum(unclipped, clipped)
+    if batch.is_weights is not None:
+        loss = loss * batch.is_weights
+    return loss, (clipped > unclipped).float(), ratio
 
 
 def informative_groups(rewards: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
               "penalize_violations", "violation_reward", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
               "zero_advantage_kl", "gradient_checkpointing", "user_timeout", "agent_timeout", "tool_timeout",
-              "user_http_timeout"]
+              "user_http_timeout", "tis_cap", "rollout_engine", "vllm_gpu_memory"]
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
@@ -184,6 +184,17 @@ def add_commands(sub: Any) -> None:
     _add(grpo, "--zero-advantage-kl", type=float,
          help="also skip zero-advantage sequences whose kl_beta * mean KL is at most this (an approximation; "
               "default 0: only exact skips)")
+    _add(grpo, "--tis-cap", type=float,
+         help="truncated importance sampling against the rollout-training mismatch: ratio against the trainer's "
+              "pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 is the "
+              "published choice (default 0: off). The mismatch is logged either way (mismatch_kl, mismatch_outside)")
+    _add(grpo, "--rollout-engine", choices=["hf", "vllm"],
+         help="what samples the rollouts: muarl's transformers engine (hf, default) or vLLM, whose weights "
+              "follow the trainer's after every update (LoRA: the adapter reloaded in place; full: the weights "
+              "pushed in); needs `muarl[vllm]` (docs/vllm.md)")
+    _add(grpo, "--vllm-gpu-memory", type=float,
+         help="with --rollout-engine vllm on a GPU the trainer shares: the share of its memory vLLM's weights and "
+              "KV cache take (default 0.3)")
     _add(grpo, "--gradient-checkpointing", dest="gradient_checkpointing", action=argparse.BooleanOptionalAction,
          default=None, help="recompute activations in backward (default: by need; never on the CPU)")
     from muarl.eval_cli import add_limit_options

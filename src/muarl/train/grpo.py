@@ -27,15 +27,16 @@ from rich.console import Console
 
 from muarl.algorithms import LossBatch, get_algorithm, informative_groups
 from muarl.algorithms.common import k3_kl
+from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
 from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.faults import require_unfaulted
-from muarl.policies.hf import HFPolicy
 from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig, RolloutEngine
 from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
+from muarl.train.samplers import make_sampler
 from muarl.train.shared_prefix import (
     MIN_PREFIX,
     DetachedPrefix,
@@ -101,6 +102,12 @@ class GRPOConfig(RunSettings):
     zero_advantage_kl: float = 0.0  # ... nor for those whose kl_beta * mean KL is at most this (0: exact only)
     micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
     num_iterations: int = 1  # optimizer steps on each step's rollouts (GRPO's mu); above 1, clipping acts
+    # truncated importance sampling against the rollout-training mismatch (muarl.algorithms.mismatch): the
+    # ratio is taken against the trainer's pre-update log-probs and each token weighed by
+    # min(trainer / sampler probability, tis_cap); 0: off (the ratio's denominator is the sampler's)
+    tis_cap: float = 0.0
+    rollout_engine: str = "hf"  # "hf": muarl's transformers engine; "vllm": vLLM, weights synced after each update
+    vllm_gpu_memory: float = 0.3  # with vllm on a GPU shared with the trainer: the share of its memory vLLM takes
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
 
     def __post_init__(self) -> None:
@@ -116,6 +123,12 @@ class GRPOConfig(RunSettings):
         if self.violation_reward != 0.0 and not self.penalize_violations:
             raise ValueError("GRPO violation_reward applies only with penalize_violations "
                              "(--violation-reward needs --penalize-violations)")
+        if self.tis_cap < 0:
+            raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
+        if self.rollout_engine not in ("hf", "vllm"):
+            raise ValueError(f"--rollout-engine must be 'hf' or 'vllm', not {self.rollout_engine!r}")
+        if not 0 < self.vllm_gpu_memory <= 1:
+            raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
         if self.user_http_timeout is not None and self.user_http_timeout <= 0:
             raise ValueError(f"--user-http-timeout must be above 0 seconds, not {self.user_http_timeout:g}")
 
@@ -313,7 +326,8 @@ def set_checkpointing(model: Any, config: GRPOConfig, tokens: int) -> bool:
 def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
                   batch: list[tuple[Trajectory, float]], config: GRPOConfig, dist: Dist | None = None,
                   totals: tuple[float, float] | None = None,
-                  ref: list[torch.Tensor] | None = None) -> tuple[dict[str, float], float, float]:
+                  ref: list[torch.Tensor] | None = None,
+                  trainer_old: dict[int, torch.Tensor] | None = None) -> tuple[dict[str, float], float, float]:
     """One optimizer step on (trajectory, advantage) pairs; returns (stats, reference seconds, update seconds).
 
     ``batch`` is cut into micro-batches of ``config.micro_batch_size`` sequences (sorted by length, so
@@ -329,8 +343,15 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     adapter disabled. ``ref``: the reference's log-probs of ``batch`` already computed
     (:func:`reference_logprobs`), so several updates on one batch score it once; with ``kl_beta`` 0 the
     reference is not needed and not computed.
+
+    ``trainer_old`` holds the trainer's own log-probs of each sequence from before the first update on
+    this batch: an empty dict is filled on that first update (the log-probs it computes anyway, detached),
+    whose stats then include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
+    ``config.tis_cap`` takes the ratio against them and weighs tokens by truncated importance sampling.
     """
     dist = dist or Dist()
+    trainer_old = {} if trainer_old is None else trainer_old
+    first = not trainer_old
     params = trainable_parameters(model)
     tokens, sequences = totals or (float(sum(sum(t.loss_mask) for t, _ in batch)), float(len(batch)))
     precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
@@ -348,6 +369,7 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+    drift = [0.0, 0.0, 0.0]  # the sampler/trainer mismatch: summed KL, tokens outside, tokens
     for kl in skip.values():  # what the skipped sequences add to the logged loss and KL
         sums["kl"] += kl / max(tokens, 1.0)
         sums["loss"] += config.kl_beta * kl / max(tokens, 1.0)
@@ -362,9 +384,17 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
                                               [t.loss_mask for t in trajs], shared.leaves if shared else None)
         width = current.shape[1]
         mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t in trajs], width).to(current.device)
+        sampler = _pad([torch.tensor(t.logprobs) for t in trajs], width).to(current.device)
+        if first:
+            for row, i in enumerate(part):
+                trainer_old[i] = current[row, :len(batch[i][0].token_ids)].detach().cpu()
+            for k, value in enumerate(mismatch_sums(current, sampler, mask)):
+                drift[k] += value
+        before = _pad([trainer_old[i] for i in part], width).to(current.device)
         loss_batch = LossBatch(
             logprobs=current,
-            old_logprobs=_pad([torch.tensor(t.logprobs) for t in trajs], width).to(current.device),
+            old_logprobs=before if config.tis_cap else sampler,
+            is_weights=truncated_is_weights(before, sampler, config.tis_cap) if config.tis_cap else None,
             advantages=_pad([torch.full((len(t.token_ids),), batch[i][1]) for i, t in zip(part, trajs, strict=True)],
                             width).to(current.device),
             mask=mask,
@@ -390,6 +420,9 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     stats = {key: dist.sum(value) for key, value in sums.items()}
     stats.update(grad_norm=grad_norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
                  shared_prefix_tokens=float(len(opening)))
+    if first and run:
+        kl, outside, measured = (dist.sum(value) for value in drift)
+        stats.update(mismatch_kl=kl / max(measured, 1.0), mismatch_outside=outside / max(measured, 1.0))
     return stats, ref_s, time.perf_counter() - began
 
 
@@ -402,15 +435,19 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     reusing them for several updates buys more learning per episode. The old log-probs stay the sampling
     ones, so from the second update on the ratio leaves 1 and the clip bounds how far a step can move.
     The reference does not change, so its log-probs are computed once for all the updates (and not at
-    all with ``kl_beta`` 0). Returns each stat averaged over the updates, the reference seconds and the
-    summed update seconds.
+    all with ``kl_beta`` 0); nor do the trainer's pre-update log-probs, kept from the first update for
+    the mismatch and truncated importance sampling. Returns each stat averaged over the updates that
+    report it (the mismatch: the first), the reference seconds and the summed update seconds.
     """
     began = time.perf_counter()
     ref = reference_logprobs(model, reference, batch, config) if config.kl_beta else None
     ref_s = time.perf_counter() - began
-    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref)
+    trainer_old: dict[int, torch.Tensor] = {}
+    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref, trainer_old)
             for _ in range(config.num_iterations)]
-    stats = {key: sum(run[0][key] for run in runs) / len(runs) for key in runs[0][0]}
+    keys = dict.fromkeys(key for run in runs for key in run[0])
+    stats = {key: sum(run[0][key] for run in runs if key in run[0]) / sum(key in run[0] for run in runs)
+             for key in keys}
     return stats, ref_s, sum(run[2] for run in runs)
 
 
@@ -443,6 +480,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     tasks = domain.tasks(config.split)
     order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
+    sampler = make_sampler(config, model, tokenizer)
     try:
         # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
         cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
@@ -451,10 +489,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             model.eval()
 
             def play(chosen: list[Task], batch_no: int, step: int = step) -> list[list[Trajectory]]:
-                # a fresh policy per batch: its sampling generators depend on (seed, step, batch, task,
-                # episode order) only, so a resumed run samples what an uninterrupted one would have sampled
-                policy = HFPolicy((causal_lm(model), tokenizer), temperature=config.temperature,
-                                  max_new_tokens=config.max_new_tokens, seed=_step_seed(config.seed, step, batch_no))
+                policy = sampler.policy(_step_seed(config.seed, step, batch_no))
                 engine = RolloutEngine(domain, policy, user, episode, group_size=config.group_size,
                                        common_user_seed=True, seed=config.seed, progress=console is not None)
                 local = dist.share(chosen)
@@ -478,6 +513,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 share = [(t, a) for g, t, a in batch if g % dist.world == dist.rank]
                 stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
                                                             dist, totals)
+                stats["sync_s"] = sampler.sync(model)
             if dist.main:
                 _write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
@@ -497,6 +533,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                                 keep=config.keep_checkpoints)
     finally:
         trackers.close()
+        sampler.close()
     checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
     dist.barrier()
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}

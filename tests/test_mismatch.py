@@ -1,0 +1,125 @@
+"""The rollout-training mismatch (issue 18, item 4): what the trainer logs about the sampler's log-probs
+against its own, and truncated importance sampling, checked against values computed by hand.
+
+The off-policy case is produced for real: episodes are sampled by the shipped model, then the trainer's
+copy is moved (one SGD step on noise) before the update, so sampler and trainer disagree as they would
+after a missed weight sync or with an engine of other numerics.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from muarl.algorithms import LossBatch, get_algorithm
+from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
+from muarl.models import load
+from muarl.train.grpo import GRPOConfig, sequence_logprobs, update_on_rollouts
+from train_fixtures import sample_coin_batch
+
+
+def test_mismatch_sums_and_weights_equal_hand_values():
+    trainer = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.9), 0.0]])
+    sampler = torch.tensor([[math.log(0.5), math.log(0.5), math.log(0.3), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    kl, outside, tokens = mismatch_sums(trainer, sampler, mask)
+    # k3 per token with ratio q = trainer / sampler: q - log q - 1; 1, 0.4, 3
+    hand = [0.0, 0.4 - math.log(0.4) - 1, 3.0 - math.log(3.0) - 1]
+    assert kl == pytest.approx(sum(hand), abs=1e-6)
+    assert outside == 2 and tokens == 3  # 0.4 < 0.5 and 3 > 2; the masked position does not count
+    weights = truncated_is_weights(trainer, sampler, cap=2.0)
+    assert weights[0, :3].tolist() == pytest.approx([1.0, 0.4, 2.0], abs=1e-6)  # 3 truncated to 2
+    with pytest.raises(ValueError, match="cap must be above 0"):
+        truncated_is_weights(trainer, sampler, cap=0.0)
+
+
+def test_importance_weights_scale_the_policy_term_only():
+    """loss = -A * w * ratio per token (ratio inside the clip), token-mean; the KL term is not weighted."""
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -2.0]])
+    batch = LossBatch(logprobs=logprobs, old_logprobs=old, advantages=torch.tensor([[2.0, 2.0]]),
+                      mask=torch.ones(1, 2), ref_logprobs=torch.tensor([[-1.5, -2.0]]),
+                      is_weights=torch.tensor([[0.5, 1.5]]))
+    loss, stats = get_algorithm("grpo", kl_beta=0.1).loss(batch)
+    k3 = math.exp(-0.5) + 0.5 - 1
+    assert float(loss.detach()) == pytest.approx(-(2 * 0.5 + 2 * 1.5) / 2 + 0.1 * k3 / 2, abs=1e-6)
+    loss.backward()
+    assert logprobs.grad.tolist()[0][1] == pytest.approx(-2 * 1.5 / 2, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def off_policy():
+    """(batch sampled by the shipped model, a trainer copy moved away from it)."""
+    batch = sample_coin_batch()
+    model, _ = load("tiny")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return batch, model
+
+
+def _hand(model, batch, cap: float | None):
+    """Hand values of the first update: the mismatch over the agent tokens, and the loss at ratio 1."""
+    kl = outside = tokens = 0.0
+    policy_sum = 0.0
+    for traj, advantage in batch:
+        with torch.no_grad():
+            trainer = sequence_logprobs(model, traj.token_ids, 1.0)[0].double()
+        mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        r = trainer[mask] - torch.tensor(traj.logprobs, dtype=torch.float64)[mask]
+        kl += float((r.exp() - r - 1).sum())
+        outside += float(((r.exp() < 0.5) | (r.exp() > 2)).sum())
+        tokens += float(mask.sum())
+        # without correction the ratio is trainer / sampler (clipped); with it 1, weighted by min(q, cap)
+        q = r.exp()
+        if cap is None:
+            per = torch.maximum(-advantage * q, -advantage * q.clamp(0.8, 1.2))
+        else:
+            per = -advantage * q.clamp(max=cap)
+        policy_sum += float(per.sum())
+    return kl / tokens, outside / tokens, policy_sum / tokens
+
+
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_the_update_logs_the_mismatch_and_applies_truncated_is(off_policy, cap):
+    batch, moved = off_policy
+    model = copy.deepcopy(moved)
+    config = GRPOConfig(kl_beta=0.0, lr=1e-3, tis_cap=cap or 0.0, num_iterations=2, micro_batch_size=3,
+                        skip_zero_advantage=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    stats, _, _ = update_on_rollouts(model, None, optimizer, get_algorithm("grpo", kl_beta=0.0), batch, config)
+    kl, outside, loss = _hand(moved, batch, cap)
+    assert kl > 1e-3 and outside > 0  # the case is really off-policy
+    assert stats["mismatch_kl"] == pytest.approx(kl, rel=1e-3)
+    assert stats["mismatch_outside"] == pytest.approx(outside, abs=1e-6)
+    # the loss is averaged over the two updates; check the first alone
+    model = copy.deepcopy(moved)
+    config.num_iterations = 1
+    first, _, _ = update_on_rollouts(model, None, torch.optim.SGD(model.parameters(), lr=1e-3),
+                                     get_algorithm("grpo", kl_beta=0.0), batch, config)
+    assert first["loss"] == pytest.approx(loss, rel=1e-3, abs=1e-5)
+
+
+def test_on_policy_rollouts_show_no_mismatch():
+    """Episodes sampled by muarl's engine and recomputed by the trainer on the same weights: the
+    mismatch is float noise (the KV-cached sampling forward against one full forward)."""
+    batch = sample_coin_batch()
+    model, _ = load("tiny")
+    config = GRPOConfig(kl_beta=0.0, lr=1e-4, skip_zero_advantage=False)
+    stats, _, _ = update_on_rollouts(model, None, torch.optim.SGD(model.parameters(), lr=1e-4),
+                                     get_algorithm("grpo", kl_beta=0.0), batch, config)
+    assert stats["mismatch_kl"] < 1e-8
+    assert stats["mismatch_outside"] == 0.0
+
+
+def test_bad_options_are_refused_with_their_name():
+    with pytest.raises(ValueError, match="--tis-cap"):
+        GRPOConfig(tis_cap=-1)
+    with pytest.raises(ValueError, match="--rollout-engine"):
+        GRPOConfig(rollout_engine="sglang")
+    with pytest.raises(ValueError, match="--vllm-gpu-memory"):
+        GRPOConfig(vllm_gpu_memory=1.5)
