@@ -123,3 +123,21 @@ def test_bad_options_are_refused_with_their_name():
         GRPOConfig(rollout_engine="sglang")
     with pytest.raises(ValueError, match="--vllm-gpu-memory"):
         GRPOConfig(vllm_gpu_memory=1.5)
+
+
+def test_rollout_engine_vllm_where_vllm_is_missing_is_one_line_and_writes_nothing(tmp_path):
+    """In an environment without vLLM (the main one; the vLLM venv runs tests/test_vllm.py instead)."""
+    import subprocess
+    import sys
+
+    from muarl.policies.vllm_engine import available
+
+    if available():
+        pytest.skip("vLLM is installed here: tests/test_vllm.py covers --rollout-engine vllm")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "muarl", "grpo", "--preset", "tiny", "--steps", "1",
+                           "--rollout-engine", "vllm", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "--rollout-engine vllm" in done.stderr and "install_vllm.sh" in done.stderr
+    assert not out.exists()

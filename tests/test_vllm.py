@@ -279,3 +279,42 @@ def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
         assert largest > 0.01
     finally:
         policy.close()
+
+
+# -- muarl grpo --rollout-engine vllm -------------------------------------------------------------------
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
+    """Three GRPO steps whose rollouts vLLM samples: each later step's episodes come from the updated
+    weights (the sampler/trainer mismatch stays at float noise), although the updates moved the policy
+    far enough that rollouts from the starting weights would show (the control below)."""
+    import json
+
+    from muarl.models import load
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.types import Trajectory
+
+    config = preset("tiny", out=str(tmp_path), domain="train_fixtures:coin", steps=3, tasks_per_step=2,
+                    group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2 if lora_r else 1e-3, kl_beta=0.0,
+                    rollout_engine="vllm", lora_r=lora_r, lora_alpha=8, save_every=0)
+    result = train_grpo(config, progress=False)
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in metrics if m["trained_sequences"] > m.get("skipped_sequences", 0)]
+    assert len(trained) >= 2, metrics
+    for m in trained:
+        assert m["mismatch_kl"] < 1e-6 and m["mismatch_outside"] == 0.0, m
+        assert m["sync_s"] > 0
+        print(f"rank {lora_r}: step {m['step']} mismatch KL {m['mismatch_kl']:.2e}")
+    # control: the last step's episodes scored by the *starting* weights disagree with their sampler
+    start, _ = load("tiny")
+    last = [Trajectory.model_validate_json(line)
+            for line in (tmp_path / "rollouts" / "step_000003.jsonl").read_text().splitlines()]
+    drift = max(float((torch.tensor(t.logprobs)[torch.tensor(t.loss_mask, dtype=torch.bool)]
+                       - _trainer_scores(start, t.token_ids)[torch.tensor(t.loss_mask, dtype=torch.bool)]).abs().max())
+                for t in last)
+    print(f"rank {lora_r}: largest log-prob change of the last step's tokens since the start {drift:.3f}")
+    assert drift > 0.05
+    # same shape as the transformers engine's rollouts: the loss mask covers the sampled ids exactly
+    for t in last:
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if not m)
+    assert result["steps"] == 3

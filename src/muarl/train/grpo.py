@@ -461,6 +461,11 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     rank 0 writes files.
     """
     check_report_to(config.report_to)
+    if config.rollout_engine == "vllm":  # before the run directory exists: one line, nothing written
+        from muarl.policies.vllm_engine import INSTALL_HINT, available
+
+        if not available():
+            raise ValueError(f"--rollout-engine vllm: {INSTALL_HINT}")
     dist = setup(config.device)
     run = open_run(config, dist)
     model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
