@@ -181,6 +181,163 @@ def test_the_vllm_spec_builds_a_policy_and_names_the_install_script_when_missing
         make_policy("vllm:tiny")
 
 
+# -- vllm-server:URL#MODEL: the same backend against a vLLM server process ------------------------------
+# (before the weight-sync tests: closing their in-process engines tears down vLLM's process-wide parallel
+# groups, after which the module's ``vllm_policy`` engine fails with "pipeline model parallel group is not
+# initialized")
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """A real vLLM OpenAI-compatible server on the tiny model (a free port, LoRA and dev-mode routes on),
+    started as :func:`server_command` says; its whole process group is killed at teardown."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    import httpx2
+
+    from muarl.models import resolve
+    from muarl.policies.vllm_server import server_command
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv, env = server_command(resolve("tiny"), port=port, served_name="tiny", max_lora_rank=8)
+    # the server's own engine process, as `vllm serve` runs it (this process runs its engine in-process)
+    env = {**os.environ, **env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    began, deadline = time.monotonic(), time.monotonic() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx2.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the vLLM server was not healthy after 180 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        print(f"vLLM server up in {time.monotonic() - began:.1f} s")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _server_policy(url: str, **options):
+    from muarl.factory import make_policy
+
+    options = {"temperature": 1.0, "max_new_tokens": 32, "seed": 3, **options}
+    return make_policy(f"vllm-server:{url}/v1#tiny", **options)
+
+
+@pytest.mark.parametrize("domain_name", ["retail", "airline"])
+def test_server_and_in_process_trajectories_have_the_same_shape(vllm_server, vllm_policy, domain_name):
+    from muarl.policies.vllm_server import VLLMServerPolicy
+
+    policy = _server_policy(vllm_server)
+    try:
+        assert isinstance(policy, VLLMServerPolicy) and policy.stop_ids == vllm_policy.stop_ids
+        ours, theirs = _rollouts(policy, domain_name), _rollouts(vllm_policy, domain_name)
+    finally:
+        policy.close()
+    assert len(ours) == len(theirs) == 6
+    same = 0
+    for a, b in zip(ours, theirs, strict=True):
+        assert type(a) is type(b)
+        assert (a.task_id, a.metadata["member"]) == (b.task_id, b.metadata["member"])
+        assert "fault" not in a.metadata and "fault" not in b.metadata, (a.metadata, b.metadata)
+        assert set(b.metadata) <= set(a.metadata)
+        for t in (a, b):
+            assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) and sum(t.loss_mask) > 0
+            assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if not m)
+            assert all(lp <= 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m)
+            spans = _spans(t)
+            assert len(spans) == len([m for m in t.messages if m.role == "assistant"])
+            assert all(s[-1] in policy.stop_ids or len(s) == 32 for s in spans)
+        first = a.loss_mask.index(1)
+        assert a.token_ids[:first] == b.token_ids[:first] and b.loss_mask.index(1) == first
+        # same seeds per episode and turn: the same draws (and log-probs) as the in-process engine
+        same += a.token_ids == b.token_ids
+        if a.token_ids == b.token_ids:
+            lp_a, lp_b = torch.tensor(a.logprobs), torch.tensor(b.logprobs)
+            assert torch.allclose(lp_a, lp_b, atol=TOLERANCE), (lp_a - lp_b).abs().max()
+    print(f"{domain_name}: {same} of 6 seeded episodes token for token equal to the in-process engine's")
+    assert same == 6
+
+
+def test_greedy_server_turns_equal_the_in_process_engines(vllm_server, vllm_policy):
+    policy = _server_policy(vllm_server, temperature=0.0)
+    vllm_policy.temperature = 0.0
+    try:
+        ours = _rollouts(policy, tasks=2, group=1)
+        theirs = _rollouts(vllm_policy, tasks=2, group=1)
+    finally:
+        vllm_policy.temperature = 1.0
+        policy.close()
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        lp_a, lp_b = torch.tensor(a.logprobs), torch.tensor(b.logprobs)
+        assert torch.allclose(lp_a, lp_b, atol=TOLERANCE), (lp_a - lp_b).abs().max()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_server_logprobs_match_the_trainers_recomputation(vllm_server, trainer_model, temperature):
+    policy = _server_policy(vllm_server, temperature=temperature)
+    try:
+        trajectories = _rollouts(policy, "retail", tasks=3, group=2)
+        stats = policy.engine.stats
+    finally:
+        policy.close()
+    worst, tokens = 0.0, 0
+    for traj in trajectories:
+        trainer, engine = _recomputed(trainer_model, traj, temperature)
+        worst = max(worst, float((trainer - engine).abs().max()))
+        tokens += len(engine)
+    print(f"server, temperature {temperature}: {tokens} sampled tokens, max |server - trainer| {worst:.2e}; "
+          f"{stats.cached_tokens} of {stats.prompt_tokens} prompt tokens from the prefix cache")
+    assert tokens > 100 and worst < TOLERANCE
+    assert stats.cached_tokens > 0  # later turns resend the episode; the server computes only the new part
+
+
+def test_the_server_spec_fails_in_one_line(vllm_server):
+    import re
+    import socket
+
+    from muarl.factory import POLICY_FORMS, SpecError, make_policy
+
+    assert "vllm-server:URL#MODEL" in POLICY_FORMS
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    cases = {f"vllm-server:http://127.0.0.1:{dead}#tiny": "no vLLM server at",
+             f"vllm-server:{vllm_server}#nope": "does not serve 'nope' (it serves 'tiny'",
+             "vllm-server:http://127.0.0.1:8000": "expected vllm-server:URL#MODEL"}
+    for spec, message in cases.items():
+        with pytest.raises(SpecError, match=re.escape(message)) as err:
+            make_policy(spec)
+        assert "\n" not in str(err.value)
+
+
+def test_the_server_backend_does_not_import_vllm():
+    """It runs where vLLM is not installed: importing it (and building the command) pulls in no vllm."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import muarl.policies.vllm_server as s; s.server_command('m', port=1); "
+            "bad = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # -- weight sync after a GRPO step ---------------------------------------------------------------------
 def _grpo_step(model, reference, good, bad, lr: float = 1e-3) -> None:
     from muarl.algorithms import get_algorithm
@@ -281,6 +438,66 @@ def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
         policy.close()
 
 
+def test_server_lora_sync_in_place_moves_the_server_as_the_trainer(vllm_server):
+    """The adapter saved after each GRPO step is loaded into the running server by
+    POST /v1/load_lora_adapter with load_inplace (no restart); its log-probs move as the peft model's."""
+    from muarl.train.weights import load_trainable
+
+    policy = _server_policy(vllm_server, max_new_tokens=24, seed=7)
+    try:
+        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
+        torch.manual_seed(0)
+        model, _, _ = load_trainable(_Lora(), "cpu", None)
+        largest = 0.0
+        for _ in range(2):
+            before = copy.deepcopy(model).requires_grad_(False)
+            _grpo_step(model, None, good, bad, lr=1e-2)
+            policy.sync_lora(model)
+            largest = _changed_as_the_trainer(policy, before, model, [good, bad], policy.lora)
+            for traj in (good, bad):
+                traj.logprobs = _engine_scores(policy, traj.token_ids, policy.lora).mul(
+                    torch.tensor(traj.loss_mask)).tolist()
+        assert policy.engine.stats.lora_loads == 2
+        assert [p.name for p in policy.sync_dir.iterdir()] == ["lora-00002"]  # the previous sync's is gone
+        # new rollouts sample with the adapter, their log-probs those of the trainer's peft model
+        for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
+            trainer, engine = _recomputed(model, traj, 1.0)
+            assert torch.allclose(trainer, engine, atol=TOLERANCE)
+    finally:
+        policy.close()
+    print(f"server LoRA sync: largest log-prob change {largest:.3f}")
+    assert largest > 0.01
+
+
+def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
+    """Full weights: saved as safetensors and reloaded in place through POST /collective_rpc
+    (the worker's reload_weights, dev mode), generation paused around it, the prefix cache dropped."""
+    from muarl.models import load
+
+    policy = _server_policy(vllm_server, max_new_tokens=24, seed=5)
+    try:
+        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
+        model, _ = load("tiny")
+        start = copy.deepcopy(model).requires_grad_(False)
+        _grpo_step(model, start, good, bad)
+        policy.sync_weights(model)
+        assert policy.engine.stats.weight_syncs == 1
+        largest = _changed_as_the_trainer(policy, start, model, [good, bad])
+        for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
+            trainer, engine = _recomputed(model, traj, 1.0)
+            assert torch.allclose(trainer, engine, atol=TOLERANCE)
+        # back to the starting weights: the server scores as the untouched model again
+        policy.sync_weights(start)
+        for traj in (good, bad):
+            mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+            assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
+                                  atol=TOLERANCE)
+    finally:
+        policy.close()
+    print(f"server full sync: largest log-prob change {largest:.3f}")
+    assert largest > 0.05
+
+
 # -- muarl grpo --rollout-engine vllm -------------------------------------------------------------------
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
@@ -318,3 +535,4 @@ def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lor
         assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if not m)
     assert result["steps"] == 3
+

@@ -3,7 +3,8 @@
 Policies: ``expert`` | ``expert-noconfirm`` | ``noop`` (the do-nothing baseline: how much success a
 table owes to tasks that need no action) | ``hf:PATH`` (a checkpoint directory or ``hf:tiny`` /
 ``hf:smollm2``) | ``vllm:PATH`` (the same checkpoints served by vLLM, token in / token out; needs
-vLLM: ``scripts/install_vllm.sh``) | ``openai:URL#MODEL`` | ``module:attr`` (a :class:`Policy` of one's own, or a
+vLLM: ``scripts/install_vllm.sh``) | ``vllm-server:URL#MODEL`` (the same, from a running vLLM server;
+needs no vLLM here) | ``openai:URL#MODEL`` | ``module:attr`` (a :class:`Policy` of one's own, or a
 zero-argument factory of one). Users: ``scripted`` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |
 ``module:attr`` (a :class:`UserSimulator`, or a factory). A known prefix wins over ``module:attr``
 (``openai:http://...`` holds colons). An API key for an endpoint comes from ``$OPENAI_API_KEY`` (default
@@ -21,7 +22,8 @@ from muarl.policies.base import Policy
 from muarl.users.base import UserSimulator
 
 #: the accepted --policy forms, for help texts and error messages
-POLICY_FORMS = "expert | expert-noconfirm | noop | hf:PATH | vllm:PATH | openai:URL#MODEL | module:attr"
+POLICY_FORMS = ("expert | expert-noconfirm | noop | hf:PATH | vllm:PATH | vllm-server:URL#MODEL | openai:URL#MODEL"
+                " | module:attr")
 #: the accepted --user forms
 USER_FORMS = "scripted | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
 
@@ -54,6 +56,15 @@ def make_policy(spec: str, **options: Any) -> Policy:
 
         keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed")
         return HFPolicy(spec[3:], **{k: v for k, v in options.items() if k in keys and v is not None})
+    if spec.startswith("vllm-server:"):
+        from muarl.policies.vllm_server import ServerError, VLLMServerPolicy
+
+        url, model = _endpoint(spec, "policy")
+        keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed")
+        try:
+            return VLLMServerPolicy(url, model, **{k: v for k, v in options.items() if k in keys and v is not None})
+        except ServerError as err:  # unreachable, or not serving MODEL: one line, not a traceback
+            raise SpecError(f"policy {spec!r}: {err}") from None
     if spec.startswith("vllm:"):
         from muarl.policies.vllm_engine import import_vllm
 
