@@ -327,7 +327,8 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
                   batch: list[tuple[Trajectory, float]], config: GRPOConfig, dist: Dist | None = None,
                   totals: tuple[float, float] | None = None,
                   ref: list[torch.Tensor] | None = None,
-                  trainer_old: dict[int, torch.Tensor] | None = None) -> tuple[dict[str, float], float, float]:
+                  trainer_old: dict[int, torch.Tensor] | None = None,
+                  first: bool = True) -> tuple[dict[str, float], float, float]:
     """One optimizer step on (trajectory, advantage) pairs; returns (stats, reference seconds, update seconds).
 
     ``batch`` is cut into micro-batches of ``config.micro_batch_size`` sequences (sorted by length, so
@@ -345,13 +346,12 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     reference is not needed and not computed.
 
     ``trainer_old`` holds the trainer's own log-probs of each sequence from before the first update on
-    this batch: an empty dict is filled on that first update (the log-probs it computes anyway, detached),
-    whose stats then include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
+    this batch: it is filled when ``first`` (the log-probs that update computes anyway, detached), and
+    that update's stats include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
     ``config.tis_cap`` takes the ratio against them and weighs tokens by truncated importance sampling.
     """
     dist = dist or Dist()
     trainer_old = {} if trainer_old is None else trainer_old
-    first = not trainer_old
     params = trainable_parameters(model)
     tokens, sequences = totals or (float(sum(sum(t.loss_mask) for t, _ in batch)), float(len(batch)))
     precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
@@ -420,9 +420,10 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     stats = {key: dist.sum(value) for key, value in sums.items()}
     stats.update(grad_norm=grad_norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
                  shared_prefix_tokens=float(len(opening)))
-    if first and run:
+    if first:  # every rank sums, also one with nothing to run: a collective call
         kl, outside, measured = (dist.sum(value) for value in drift)
-        stats.update(mismatch_kl=kl / max(measured, 1.0), mismatch_outside=outside / max(measured, 1.0))
+        if measured:
+            stats.update(mismatch_kl=kl / measured, mismatch_outside=outside / measured)
     return stats, ref_s, time.perf_counter() - began
 
 
@@ -443,8 +444,8 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     ref = reference_logprobs(model, reference, batch, config) if config.kl_beta else None
     ref_s = time.perf_counter() - began
     trainer_old: dict[int, torch.Tensor] = {}
-    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref, trainer_old)
-            for _ in range(config.num_iterations)]
+    runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref, trainer_old,
+                          first=iteration == 0) for iteration in range(config.num_iterations)]
     keys = dict.fromkeys(key for run in runs for key in run[0])
     stats = {key: sum(run[0][key] for run in runs if key in run[0]) / sum(key in run[0] for run in runs)
              for key in keys}
