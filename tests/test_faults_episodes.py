@@ -385,7 +385,7 @@ def test_grpo_masks_every_fault_kind_from_the_gradient(tmp_path: Path, monkeypat
                 session.close = close  # type: ignore[method-assign]
             return session
 
-    monkeypatch.setattr(grpo, "HFPolicy", Flaky)
+    monkeypatch.setattr("muarl.policies.hf.HFPolicy", Flaky)  # what muarl.train.samplers.HFSampler builds
     config = grpo.preset("tiny", out=str(tmp_path), steps=1, tasks_per_step=2, group_size=2, max_new_tokens=16,
                          max_turns=2, save_every=0)
     grpo.train_grpo(config, progress=False)
