@@ -374,6 +374,27 @@ class _Lora:
     lora_targets: str = "all-linear"
 
 
+def _two_lora_steps(policy) -> tuple:
+    """Two GRPO steps of a rank-4 adapter on the policy's own rollouts, the adapter synced after each and
+    the engine checked against the trainer (:func:`_changed_as_the_trainer`); (model, largest change)."""
+    from muarl.train.weights import load_trainable
+
+    good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
+    torch.manual_seed(0)
+    model, _, _ = load_trainable(_Lora(), "cpu", None)
+    largest = 0.0
+    for _ in range(2):
+        before = copy.deepcopy(model).requires_grad_(False)
+        _grpo_step(model, None, good, bad, lr=1e-2)
+        policy.sync_lora(model)
+        largest = _changed_as_the_trainer(policy, before, model, [good, bad], policy.lora)
+        for traj in (good, bad):
+            traj.logprobs = _engine_scores(policy, traj.token_ids, policy.lora).mul(
+                torch.tensor(traj.loss_mask)).tolist()
+    assert policy.engine.stats.lora_loads == 2
+    return model, largest
+
+
 def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
     from muarl.models import load
     from muarl.policies.vllm import VLLMPolicy
@@ -414,24 +435,10 @@ def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
     """LoRA: the adapter saved after the step is reloaded into the running engine in place (no restart),
     and the engine's log-probs move as the trainer's (peft) model's; a second step reloads it again."""
     from muarl.policies.vllm import VLLMPolicy
-    from muarl.train.weights import load_trainable
 
     policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=7, enable_lora=True)
     try:
-        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
-        torch.manual_seed(0)
-        model, _, _ = load_trainable(_Lora(), "cpu", None)
-        largest = 0.0
-        for _ in range(2):
-            before = copy.deepcopy(model).requires_grad_(False)
-            _grpo_step(model, None, good, bad, lr=1e-2)
-            policy.sync_lora(model)
-            largest = _changed_as_the_trainer(policy, before, model, [good, bad], policy.lora)
-            good.logprobs = _engine_scores(policy, good.token_ids, policy.lora).mul(
-                torch.tensor(good.loss_mask)).tolist()
-            bad.logprobs = _engine_scores(policy, bad.token_ids, policy.lora).mul(
-                torch.tensor(bad.loss_mask)).tolist()
-        assert policy.engine.stats.lora_loads == 2
+        _, largest = _two_lora_steps(policy)
         print(f"LoRA sync: largest log-prob change {largest:.3f}")
         assert largest > 0.01
     finally:
@@ -441,23 +448,10 @@ def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
 def test_server_lora_sync_in_place_moves_the_server_as_the_trainer(vllm_server):
     """The adapter saved after each GRPO step is loaded into the running server by
     POST /v1/load_lora_adapter with load_inplace (no restart); its log-probs move as the peft model's."""
-    from muarl.train.weights import load_trainable
 
     policy = _server_policy(vllm_server, max_new_tokens=24, seed=7)
     try:
-        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
-        torch.manual_seed(0)
-        model, _, _ = load_trainable(_Lora(), "cpu", None)
-        largest = 0.0
-        for _ in range(2):
-            before = copy.deepcopy(model).requires_grad_(False)
-            _grpo_step(model, None, good, bad, lr=1e-2)
-            policy.sync_lora(model)
-            largest = _changed_as_the_trainer(policy, before, model, [good, bad], policy.lora)
-            for traj in (good, bad):
-                traj.logprobs = _engine_scores(policy, traj.token_ids, policy.lora).mul(
-                    torch.tensor(traj.loss_mask)).tolist()
-        assert policy.engine.stats.lora_loads == 2
+        model, largest = _two_lora_steps(policy)
         assert [p.name for p in policy.sync_dir.iterdir()] == ["lora-00002"]  # the previous sync's is gone
         # new rollouts sample with the adapter, their log-probs those of the trainer's peft model
         for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
