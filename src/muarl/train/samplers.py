@@ -66,7 +66,6 @@ class VLLMSampler:
             engine_options.setdefault("max_lora_rank", max(16, lora_rank))
         self.engine_policy = VLLMPolicy(base, temperature=temperature, max_new_tokens=max_new_tokens,
                                         enable_lora=self.lora, **engine_options)
-        self.sync_s = 0.0
         self.sync(model)
 
     def policy(self, seed: int) -> Policy:
