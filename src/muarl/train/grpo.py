@@ -345,9 +345,9 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     (:func:`reference_logprobs`), so several updates on one batch score it once; with ``kl_beta`` 0 the
     reference is not needed and not computed.
 
-    ``trainer_old`` holds the trainer's own log-probs of each sequence from before the first update on
-    this batch: it is filled when ``first`` (the log-probs that update computes anyway, detached), and
-    that update's stats include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
+    ``trainer_old`` holds, with ``config.tis_cap``, the trainer's own log-probs of each sequence from
+    before the first update on this batch: it is filled when ``first`` (the log-probs that update
+    computes anyway, detached). The ``first`` update's stats include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
     ``config.tis_cap`` takes the ratio against them and weighs tokens by truncated importance sampling.
     """
     dist = dist or Dist()
@@ -386,15 +386,16 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t in trajs], width).to(current.device)
         sampler = _pad([torch.tensor(t.logprobs) for t in trajs], width).to(current.device)
         if first:
-            for row, i in enumerate(part):
-                trainer_old[i] = current[row, :len(batch[i][0].token_ids)].detach().cpu()
             for k, value in enumerate(mismatch_sums(current, sampler, mask)):
                 drift[k] += value
-        before = _pad([trainer_old[i] for i in part], width).to(current.device)
+            if config.tis_cap:  # kept, on the device, for the later updates on this batch
+                for row, i in enumerate(part):
+                    trainer_old[i] = current[row, :len(batch[i][0].token_ids)].detach()
+        before = _pad([trainer_old[i] for i in part], width) if config.tis_cap else None
         loss_batch = LossBatch(
             logprobs=current,
-            old_logprobs=before if config.tis_cap else sampler,
-            is_weights=truncated_is_weights(before, sampler, config.tis_cap) if config.tis_cap else None,
+            old_logprobs=sampler if before is None else before,
+            is_weights=None if before is None else truncated_is_weights(before, sampler, config.tis_cap),
             advantages=_pad([torch.full((len(t.token_ids),), batch[i][1]) for i, t in zip(part, trajs, strict=True)],
                             width).to(current.device),
             mask=mask,
