@@ -174,14 +174,40 @@ def _listing(failures: list[dict[str, str]], shown: int = 3) -> str:
 
 
 def to_chat_record(domain: Domain, task: Task, traj: Trajectory) -> dict[str, Any]:
-    """One data-set line: the conversation in the chat-template format, with the tools the agent had."""
+    """One data-set line: the conversation in the chat-template format, with the tools the agent had.
+
+    An assistant message holding a call the teacher made wrong on purpose (``metadata["slips"]``, see
+    :meth:`muarl.policies.script.TeacherSession.slip`) gets ``"weight": 0``: trained on as context, not as
+    a target (:func:`untrained_turns`)."""
+    slips = set(traj.metadata.get("slips") or ())
+    messages = []
+    for m in traj.messages:
+        line = _chat_message(m)
+        if any(c.id in slips for c in m.tool_calls):
+            line["weight"] = 0
+        messages.append(line)
     return {
         "domain": domain.name,
         "task_id": task.id,
         "family": task.family,
         "tools": [t.spec.openai_schema() for t in domain.tools],
-        "messages": [_chat_message(m) for m in traj.messages],
+        "messages": messages,
     }
+
+
+def untrained_turns(record: dict[str, Any]) -> set[int]:
+    """Indices of a data-set line's assistant messages marked ``"weight": 0`` (OpenAI's fine-tuning format):
+    no loss on them. Any other weight is an error, not a silent 1."""
+    out = set()
+    for i, m in enumerate(record["messages"]):
+        if "weight" not in m:
+            continue
+        if m.get("role") != "assistant" or m["weight"] not in (0, 1):
+            raise ValueError(f"message {i}: \"weight\" must be 0 or 1 on an assistant message "
+                             f"(got {m['weight']!r} on a {m.get('role')!r} message)")
+        if m["weight"] == 0:
+            out.add(i)
+    return out
 
 
 def _chat_message(m: Message) -> dict[str, Any]:

@@ -9,6 +9,7 @@ conversation that cannot succeed.
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING
 
 from muarl.policies.base import Policy
@@ -23,14 +24,25 @@ __all__ = ["ANYTHING_ELSE", "CONFIRM", "ExpertPolicy"]  # the phrasing constants
 
 
 class ExpertPolicy(Policy):
-    """The scripted reference agent. ``skip_confirmation`` writes without asking (the grader must flag it)."""
+    """The scripted reference agent. ``skip_confirmation`` writes without asking (the grader must flag it).
+
+    ``slip_rate``: the chance per episode that a teacher mistypes one value of an identity lookup and
+    recovers (asks again, looks up again; :meth:`TeacherSession.slip`), for a cold start that has seen
+    what follows a failed lookup. Only a domain teacher that calls ``slip`` slips (retail's does).
+    """
 
     name = "expert"
 
-    def __init__(self, skip_confirmation: bool = False):
+    def __init__(self, skip_confirmation: bool = False, slip_rate: float = 0.0):
+        if not 0 <= slip_rate <= 1:
+            raise ValueError(f"slip_rate must be between 0 and 1 (got {slip_rate:g})")
         self.skip_confirmation = skip_confirmation
+        self.slip_rate = slip_rate
         # the name results and comparisons are labelled with: the unsafe variant must not pass for the expert
         self.name = "expert-noconfirm" if skip_confirmation else "expert"
 
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> TeacherSession:
-        return teacher_session(domain, task, self.skip_confirmation)
+        session = teacher_session(domain, task, self.skip_confirmation)
+        session.slip_rate = self.slip_rate
+        session.rng = random.Random(f"{task.id}:{seed}")
+        return session

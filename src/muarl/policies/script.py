@@ -8,7 +8,10 @@ per message, never text and a call together.
 
 The script is a generator per episode: each ``yield`` is one assistant message and receives the new
 messages (tool results or the user's reply). ``skip_confirmation=True`` makes the unsafe variant that
-writes on the user's first request without asking, which the grader must flag.
+writes on the user's first request without asking, which the grader must flag. ``slip_rate`` makes a
+teacher that now and then mistypes a value it copies into a lookup (:meth:`TeacherSession.slip`) and then
+recovers the way the policy wants (asks again, looks up again): data that shows what follows a failed
+lookup, its wrong call marked so that no model is trained to make it.
 
 The generic teacher (:mod:`muarl.policies.teacher`) and each domain's richer teacher (``Domain.teacher``)
 are subclasses that implement :meth:`TeacherSession.script` with these moves.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import re
 from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -54,6 +58,17 @@ def load_json(text: str) -> Any:
         return None
 
 
+def mistype(value: str, rng: random.Random) -> str:
+    """``value`` with one character replaced: a digit by another digit, a letter by another letter."""
+    spots = [i for i, c in enumerate(value) if c.isdigit()] or [i for i, c in enumerate(value) if c.isalpha()]
+    if not spots:
+        return value + "x"
+    i = rng.choice(spots)
+    pool = "0123456789" if value[i].isdigit() else "abcdefghijklmnopqrstuvwxyz"
+    new = rng.choice([c for c in pool if c != value[i].lower()])
+    return value[:i] + (new.upper() if value[i].isupper() else new) + value[i + 1:]
+
+
 def money(x: float) -> str:
     """An amount as teachers say it: $1,234.50."""
     return f"${x:,.2f}"
@@ -66,6 +81,9 @@ class TeacherSession(PolicySession):
         self.domain = domain
         self.task = task
         self.skip = skip_confirmation
+        self.slip_rate = 0.0  # chance of one mistyped lookup per episode (set by ExpertPolicy)
+        self.rng = random.Random(task.id)
+        self.slips: list[str] = []  # ids of the calls made wrong on purpose
         self.known = task.scenario.known
         self.heard: list[str] = []  # every user message so far
         self.reply = ""  # the latest user message
@@ -96,6 +114,9 @@ class TeacherSession(PolicySession):
             message = Message(role="assistant", content=GOODBYE)
         return AgentTurn(message=message)
 
+    def close(self) -> dict[str, Any]:
+        return {"slips": list(self.slips)} if self.slips else {}
+
     # -- primitives ---------------------------------------------------------------------------------------
     def say(self, text: str) -> Script:
         """Send ``text`` to the user; returns the user's reply."""
@@ -107,6 +128,25 @@ class TeacherSession(PolicySession):
     def call(self, name: str, arguments: Mapping[str, Any]) -> Script:
         """Make one tool call; returns its output text."""
         call = ToolCall(id=f"call_{next(self._ids)}", name=name, arguments=dict(arguments))
+        yield Message(role="assistant", content="", tool_calls=[call])
+        return self.output
+
+    def slip(self, name: str, arguments: Mapping[str, Any]) -> Script:
+        """With chance ``slip_rate`` (once per episode), call ``name`` with one character of one value
+        mistyped, as a model that miscopies would; returns the output, or None when it did not slip.
+
+        The call is recorded in ``slips`` (the data set marks it ``"weight": 0``): the teacher's recovery
+        after it is what the data teaches. A slip that happens to find something is still only context.
+        """
+        if self.slips or self.slip_rate <= 0 or self.rng.random() >= self.slip_rate:
+            return None
+        keys = [k for k, v in arguments.items() if isinstance(v, str) and v]
+        if not keys:
+            return None
+        key = self.rng.choice(keys)
+        call = ToolCall(id=f"call_{next(self._ids)}", name=name,
+                        arguments={**arguments, key: mistype(arguments[key], self.rng)})
+        self.slips.append(call.id)
         yield Message(role="assistant", content="", tool_calls=[call])
         return self.output
 

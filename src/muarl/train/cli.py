@@ -94,7 +94,8 @@ def _grpo_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-PRETRAIN = ["model", "out", "steps", "batch_size", "lr", "seed", "chunk_tasks", "probe_every", "hidden_size",
+PRETRAIN = ["model", "out", "steps", "batch_size", "lr", "seed", "chunk_tasks", "slip_rate", "first_chunk",
+            "probe_every", "hidden_size",
             "layers", "heads", "head_dim", "kv_heads", "prompt"]
 
 
@@ -133,6 +134,11 @@ def _pretrain_parser(sub: Any) -> None:
     p.add_argument("--chunk-tasks", type=int, help="training tasks per freshly generated database (default 200)")
     p.add_argument("--exclude-behaviours", nargs="+",
                    help="leave out users who show these behaviours (e.g. changes_mind), for RL to teach")
+    p.add_argument("--slip-rate", type=float,
+                   help="share of conversations in which the expert mistypes an identity lookup, gets 'not found' "
+                        "and asks again (the wrong call without loss; default 0)")
+    p.add_argument("--first-chunk", type=int,
+                   help="start the stream at this database (a continuation: past the chunks its base saw; default 0)")
     p.add_argument("--probe-every", type=int, help="steps between held-out copy-accuracy probes (default 250)")
     p.add_argument("--seed", type=int)
     for flag, kind in (("--hidden-size", int), ("--layers", int), ("--heads", int), ("--head-dim", int),

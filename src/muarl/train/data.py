@@ -3,11 +3,14 @@
 SFT must teach the model the same token sequences it will later sample from and be trained on in RL, so
 a conversation is tokenized with the same append-only builder as an episode: the opening prompt, then
 for each assistant turn its rendered tokens up to and including the end-of-turn token (the only tokens
-with loss), then the rendered delta of the messages that follow.
+with loss), then the rendered delta of the messages that follow. An assistant turn can be kept out of the
+loss (``untrained``: a data set's ``"weight": 0``, OpenAI's fine-tuning convention): it stays in the
+context the later turns learn from, so a deliberate mistake can show what follows it without teaching it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from muarl.chat import ChatFormat
@@ -25,8 +28,9 @@ class Example:
         return len(self.ids)
 
 
-def tokenize_conversation(chat: ChatFormat, messages: list[Message]) -> Example:
-    """Tokens and loss mask of a conversation (system, user, then any mix of assistant/user/tool turns)."""
+def tokenize_conversation(chat: ChatFormat, messages: list[Message], untrained: Collection[int] = ()) -> Example:
+    """Tokens and loss mask of a conversation (system, user, then any mix of assistant/user/tool turns);
+    the assistant messages at the indices in ``untrained`` get no loss."""
     first = next((i for i, m in enumerate(messages) if m.role == "assistant"), len(messages))
     if first == 0:
         raise ValueError("a conversation must open with at least one non-assistant message")
@@ -47,7 +51,7 @@ def tokenize_conversation(chat: ChatFormat, messages: list[Message]) -> Example:
         turn = turn[: end + len(chat.end_text)] if end >= 0 else turn
         sampled = chat.encode(turn)
         ids += sampled
-        mask += [1] * len(sampled)
+        mask += [0 if i in untrained else 1] * len(sampled)
         history.append(assistant)
         j = i + 1
         while j < len(messages) and messages[j].role != "assistant":

@@ -31,10 +31,10 @@ import torch
 
 from muarl.train import RunSettings, autocast
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
-from muarl.train.data import Example, tokenize_conversation
+from muarl.train.data import Example
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.run import open_run
-from muarl.train.sft import Record, accumulate_gradients, chat_format_of, cosine, load_records
+from muarl.train.sft import Record, accumulate_gradients, chat_format_of, cosine, load_records, record_example
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 
@@ -58,6 +58,8 @@ class PretrainConfig(RunSettings):
     max_len: int = 0  # tokens per packed row (0: the step's longest conversation)
     chunk_tasks: int = 200  # training tasks generated per fresh database
     exclude_behaviours: list[str] = field(default_factory=list)  # user behaviours kept out (for RL to teach)
+    slip_rate: float = 0.0  # share of conversations where the expert mistypes an identity lookup and recovers
+    first_chunk: int = 0  # the stream's first database (a continuation starts past the chunks its base saw)
     probe_every: int = 250  # steps between copy-accuracy probes (0: only at the end)
     probe_conversations: int = 24
     save_every: int = 100
@@ -73,6 +75,10 @@ class PretrainConfig(RunSettings):
         for name in ("steps", "batch_size", "chunk_tasks", "probe_conversations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"pretrain {name} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.slip_rate <= 1:
+            raise ValueError(f"pretrain slip_rate must be between 0 and 1 (got {self.slip_rate:g})")
+        if self.first_chunk < 0:
+            raise ValueError(f"pretrain first_chunk must be 0 or more (got {self.first_chunk})")
         if not self.domains:
             raise ValueError("pretrain needs at least one domain")
 
@@ -94,10 +100,12 @@ class ConversationStream:
 
     def chunk(self, c: int) -> list[dict[str, Any]]:
         """Chunk ``c``: the expert's clean wins on the train tasks of a freshly generated database."""
+        c += self.config.first_chunk
         path = self.folder / f"chunk_{c:06d}.jsonl"
         if path.exists():
             return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        from muarl.factory import make_policy, make_user
+        from muarl.factory import make_user
+        from muarl.policies.expert import ExpertPolicy
         from muarl.synth import synthesize
 
         domain = self.domains[c % len(self.domains)]
@@ -105,7 +113,8 @@ class ConversationStream:
         fresh = domain.with_database(seed=seed)
         fresh._tasks = fresh.generate_tasks(seed, {"train": self.config.chunk_tasks, "dev": 0, "test": 0})
         with tempfile.TemporaryDirectory(dir=self.folder) as tmp:
-            synthesize([fresh], make_policy("expert"), make_user("scripted"), Path(tmp), split="train",
+            expert = ExpertPolicy(slip_rate=self.config.slip_rate)
+            synthesize([fresh], expert, make_user("scripted"), Path(tmp), split="train",
                        exclude_behaviours=self.config.exclude_behaviours or None, seed=seed, progress=False)
             owners = {t.id: t.user_id for t in fresh._tasks}  # recorded, so a test can check who was played
             lines = [json.dumps({**record, "user_id": owners[record["task_id"]]}, ensure_ascii=False)
@@ -137,12 +146,10 @@ class ConversationStream:
 def step_examples(stream: ConversationStream, step: int, config: PretrainConfig, tokenizer: Any,
                   formats: dict[str, Any]) -> list[Example]:
     """One optimizer step's conversations, tokenized, every identifier renamed for this step."""
-    from muarl.synth import from_chat_record
-
     examples = []
     for i, record in enumerate(stream.records(step * config.batch_size, config.batch_size)):
         renamed = refresh_ids(record, step_rng(config.seed, step, i))
-        examples.append(tokenize_conversation(chat_format_of(record, tokenizer, formats), from_chat_record(renamed)))
+        examples.append(record_example(chat_format_of(record, tokenizer, formats), renamed))
     return examples
 
 

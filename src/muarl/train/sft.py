@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from muarl.chat import ChatFormat
-from muarl.synth import from_chat_record
+from muarl.synth import from_chat_record, untrained_turns
 from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
@@ -91,7 +91,7 @@ def load_records(paths: list[str], tokenizer: Any) -> list[Record]:
             try:
                 record = json.loads(line)
                 chat = chat_format_of(record, tokenizer, formats)
-                example = tokenize_conversation(chat, from_chat_record(record))
+                example = record_example(chat, record)
             except (KeyError, TypeError, ValueError) as err:
                 raise ValueError(f"{path}:{n}: not a usable chat record: {err}") from None
             records.append(Record(record, chat, example))
@@ -109,8 +109,13 @@ def step_examples(records: list[Record], indices: list[int], step: int, config: 
     """One optimizer step's conversations; with ``fresh_ids``, each with identifiers renamed for this step."""
     if not config.fresh_ids:
         return [records[i].example for i in indices]
-    return [tokenize_conversation(records[i].chat, from_chat_record(
-        refresh_ids(records[i].record, step_rng(config.seed, step, i)))) for i in indices]
+    return [record_example(records[i].chat, refresh_ids(records[i].record, step_rng(config.seed, step, i)))
+            for i in indices]
+
+
+def record_example(chat: ChatFormat, record: dict[str, Any]) -> Example:
+    """The training tokens of one data-set line (its ``"weight": 0`` turns without loss)."""
+    return tokenize_conversation(chat, from_chat_record(record), untrained_turns(record))
 
 
 def accumulate_gradients(model: Any, examples: list[Example], targets: int, max_len: int, packing: bool,

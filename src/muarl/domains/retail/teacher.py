@@ -45,12 +45,20 @@ class RetailTeacher(TeacherSession):
                                 "tell me your first name, last name and zip code?")
         for _ in range(3):
             if "email" in k and self.said(k["email"]):
+                if (yield from self.slip("find_user_id_by_email", {"email": k["email"]})) is not None:
+                    yield from self.say("I could not find an account with that email. Could you please give me the "
+                                        "email address on your account again?")
+                    continue
                 out = yield from self.call("find_user_id_by_email", {"email": k["email"]})
                 if not out.startswith("Error"):
                     return out
             if self.said(k["first_name"], k["last_name"], k["zip"]):
-                out = yield from self.call("find_user_id_by_name_zip", {
-                    "first_name": k["first_name"], "last_name": k["last_name"], "zip": k["zip"]})
+                name_zip = {"first_name": k["first_name"], "last_name": k["last_name"], "zip": k["zip"]}
+                if (yield from self.slip("find_user_id_by_name_zip", name_zip)) is not None:
+                    yield from self.say("I could not find an account with those details. Could you please give me "
+                                        "your first name, last name and zip code again?")
+                    continue
+                out = yield from self.call("find_user_id_by_name_zip", name_zip)
                 if not out.startswith("Error"):
                     return out
             yield from self.say("Could you please give me your first name, last name and zip code so I can find "
