@@ -176,15 +176,17 @@ def _listing(failures: list[dict[str, str]], shown: int = 3) -> str:
 def to_chat_record(domain: Domain, task: Task, traj: Trajectory) -> dict[str, Any]:
     """One data-set line: the conversation in the chat-template format, with the tools the agent had.
 
-    An assistant message holding a call the teacher made wrong on purpose (``metadata["slips"]``, see
-    :meth:`muarl.policies.script.TeacherSession.slip`) gets ``"weight": 0``: trained on as context, not as
-    a target (:func:`untrained_turns`)."""
+    An assistant message the teacher made wrong on purpose (``metadata["slips"]``: their places among the
+    assistant messages, see :meth:`muarl.policies.script.TeacherSession.slip`) gets ``"weight": 0``:
+    trained on as context, not as a target (:func:`untrained_turns`)."""
     slips = set(traj.metadata.get("slips") or ())
-    messages = []
+    messages, said = [], 0
     for m in traj.messages:
         line = _chat_message(m)
-        if any(c.id in slips for c in m.tool_calls):
-            line["weight"] = 0
+        if m.role == "assistant":
+            if said in slips:
+                line["weight"] = 0
+            said += 1
         messages.append(line)
     return {
         "domain": domain.name,

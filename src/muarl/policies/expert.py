@@ -26,9 +26,11 @@ __all__ = ["ANYTHING_ELSE", "CONFIRM", "ExpertPolicy"]  # the phrasing constants
 class ExpertPolicy(Policy):
     """The scripted reference agent. ``skip_confirmation`` writes without asking (the grader must flag it).
 
-    ``slip_rate``: the chance per episode that a teacher mistypes one value of an identity lookup and
-    recovers (asks again, looks up again; :meth:`TeacherSession.slip`), for a cold start that has seen
-    what follows a failed lookup. Only a domain teacher that calls ``slip`` slips (retail's does).
+    ``slip_rate``: the chance that a teacher mistypes one value of an identity lookup, and (once more) of a
+    proposal, then recovers (asks again and looks up again; proposes again and waits for a yes;
+    :meth:`TeacherSession.slip`, :meth:`TeacherSession.confirm_write`), for a cold start that has seen
+    what follows a failed lookup or a corrected proposal. Lookups slip only in a domain teacher that
+    calls ``slip``; proposals in every teacher that confirms through ``confirm_write``.
     """
 
     name = "expert"

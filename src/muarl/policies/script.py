@@ -9,9 +9,10 @@ per message, never text and a call together.
 The script is a generator per episode: each ``yield`` is one assistant message and receives the new
 messages (tool results or the user's reply). ``skip_confirmation=True`` makes the unsafe variant that
 writes on the user's first request without asking, which the grader must flag. ``slip_rate`` makes a
-teacher that now and then mistypes a value it copies into a lookup (:meth:`TeacherSession.slip`) and then
-recovers the way the policy wants (asks again, looks up again): data that shows what follows a failed
-lookup, its wrong call marked so that no model is trained to make it.
+teacher that now and then mistypes a value it copies (into an identity lookup, :meth:`TeacherSession.slip`,
+or into a proposal, :meth:`TeacherSession.confirm_write`) and then recovers the way the policy wants
+(asks again and looks up again; proposes again and waits for a yes): data that shows what follows a
+failed lookup or a corrected proposal, its wrong message marked so that no model is trained to write it.
 
 The generic teacher (:mod:`muarl.policies.teacher`) and each domain's richer teacher (``Domain.teacher``)
 are subclasses that implement :meth:`TeacherSession.script` with these moves.
@@ -58,6 +59,15 @@ def load_json(text: str) -> Any:
         return None
 
 
+def _values(value: Any) -> list[Any]:
+    """The scalar values inside arguments (lists and mappings flattened)."""
+    if isinstance(value, Mapping):
+        return [x for v in value.values() for x in _values(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _values(v)]
+    return [value]
+
+
 def mistype(value: str, rng: random.Random) -> str:
     """``value`` with one character replaced: a digit by another digit, a letter by another letter."""
     spots = [i for i, c in enumerate(value) if c.isdigit()] or [i for i, c in enumerate(value) if c.isalpha()]
@@ -81,9 +91,11 @@ class TeacherSession(PolicySession):
         self.domain = domain
         self.task = task
         self.skip = skip_confirmation
-        self.slip_rate = 0.0  # chance of one mistyped lookup per episode (set by ExpertPolicy)
+        self.slip_rate = 0.0  # chance of a mistyped lookup / proposal, each once per episode (set by ExpertPolicy)
         self.rng = random.Random(task.id)
-        self.slips: list[str] = []  # ids of the calls made wrong on purpose
+        self.turn = 0  # assistant messages sent so far
+        self.slips: list[int] = []  # which of them (0-based) were made wrong on purpose
+        self._slipped: set[str] = set()
         self.known = task.scenario.known
         self.heard: list[str] = []  # every user message so far
         self.reply = ""  # the latest user message
@@ -112,6 +124,7 @@ class TeacherSession(PolicySession):
                 message = self._script.send(new_messages)
         except StopIteration:
             message = Message(role="assistant", content=GOODBYE)
+        self.turn += 1
         return AgentTurn(message=message)
 
     def close(self) -> dict[str, Any]:
@@ -131,22 +144,27 @@ class TeacherSession(PolicySession):
         yield Message(role="assistant", content="", tool_calls=[call])
         return self.output
 
+    def _slipping(self, kind: str) -> bool:
+        """Whether to slip now: chance ``slip_rate``, each kind (lookup, proposal) once per episode."""
+        if kind in self._slipped or self.slip_rate <= 0 or self.rng.random() >= self.slip_rate:
+            return False
+        self._slipped.add(kind)
+        return True
+
     def slip(self, name: str, arguments: Mapping[str, Any]) -> Script:
         """With chance ``slip_rate`` (once per episode), call ``name`` with one character of one value
         mistyped, as a model that miscopies would; returns the output, or None when it did not slip.
 
-        The call is recorded in ``slips`` (the data set marks it ``"weight": 0``): the teacher's recovery
+        The message is recorded in ``slips`` (the data set marks it ``"weight": 0``): the teacher's recovery
         after it is what the data teaches. A slip that happens to find something is still only context.
         """
-        if self.slips or self.slip_rate <= 0 or self.rng.random() >= self.slip_rate:
-            return None
         keys = [k for k, v in arguments.items() if isinstance(v, str) and v]
-        if not keys:
+        if not keys or not self._slipping("lookup"):
             return None
         key = self.rng.choice(keys)
         call = ToolCall(id=f"call_{next(self._ids)}", name=name,
                         arguments={**arguments, key: mistype(arguments[key], self.rng)})
-        self.slips.append(call.id)
+        self.slips.append(self.turn)
         yield Message(role="assistant", content="", tool_calls=[call])
         return self.output
 
@@ -169,8 +187,17 @@ class TeacherSession(PolicySession):
         return self.said(*values)
 
     def confirm_write(self, proposal: str, name: str, args: Mapping[str, Any]) -> Script:
-        """Propose, wait for an explicit yes, then write. None when the user did not confirm."""
+        """Propose, wait for an explicit yes, then write. None when the user did not confirm.
+
+        A slip (chance ``slip_rate``) first proposes with one identifier of ``args`` mistyped in the text;
+        whatever the user answers (a correction, or a yes to the wrong words), the right proposal follows
+        and only a yes to it licenses the write."""
         if not self.skip:
+            ids = sorted({str(v) for v in _values(args) if re.search(r"\d", str(v)) and str(v) in proposal})
+            if ids and self._slipping("proposal"):
+                wrong = self.rng.choice(ids)
+                self.slips.append(self.turn)
+                yield from self.say(f"{proposal.replace(wrong, mistype(wrong, self.rng))} {CONFIRM}")
             reply = yield from self.say(f"{proposal} {CONFIRM}")
             if not is_confirmation(reply):
                 return None

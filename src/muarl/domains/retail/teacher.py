@@ -3,8 +3,10 @@
 It authenticates by email or by name and zip, reads the user's profile for how they paid, and for each
 request looks the order up, asks for what the request needs (the reason, the items, the new address),
 quotes amounts and payment methods from its own tool results, proposes the exact write and waits for
-an explicit yes (:class:`~muarl.policies.script.TeacherSession`). Set as ``Domain.teacher`` of retail,
-so the narrowed views (retail-lite ...) inherit it.
+an explicit yes (:class:`~muarl.policies.script.TeacherSession`). With a ``slip_rate`` its identity
+lookup is now and then mistyped; it then says it found no account and asks for the details again,
+never going on unauthenticated. Set as ``Domain.teacher`` of retail, so the narrowed views
+(retail-lite ...) inherit it.
 """
 
 from __future__ import annotations
