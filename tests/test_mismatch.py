@@ -141,3 +141,30 @@ def test_rollout_engine_vllm_where_vllm_is_missing_is_one_line_and_writes_nothin
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "--rollout-engine vllm" in done.stderr and "install_vllm.sh" in done.stderr
     assert not out.exists()
+
+
+def test_rollout_engine_vllm_server_is_checked_in_one_line_before_anything_is_written(tmp_path, capsys):
+    """``--rollout-engine vllm-server:URL#MODEL`` needs no vLLM here: a malformed value is refused by the
+    config, and a server that is not there fails before the run directory exists; one line, exit 2 each."""
+    import socket
+
+    from muarl.cli import main
+
+    assert GRPOConfig(rollout_engine="vllm-server:http://127.0.0.1:8000/v1#tiny").rollout_engine.endswith("#tiny")
+    for bad, message in (("vllm-server:nohash", "expected vllm-server:URL#MODEL"),
+                         ("vllm-server:127.0.0.1:8000#m", "must start with http:// or https://")):
+        with pytest.raises(ValueError, match=message):
+            GRPOConfig(rollout_engine=bad)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    cases = {"vllm-server:nohash": "expected vllm-server:URL#MODEL",
+             f"vllm-server:http://127.0.0.1:{dead}#m": f"no vLLM server at http://127.0.0.1:{dead}"}
+    for engine, message in cases.items():
+        out = tmp_path / "run"
+        code = main(["grpo", "--preset", "tiny", "--steps", "1", "--rollout-engine", engine, "--out", str(out),
+                     "--no-progress"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.splitlines() == [err], err
+        assert err.startswith(f"muarl: error: --rollout-engine '{engine}': ") and message in err, err
+        assert not out.exists()

@@ -492,10 +492,9 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
     assert largest > 0.05
 
 
-# -- muarl grpo --rollout-engine vllm -------------------------------------------------------------------
-@pytest.mark.parametrize("lora_r", [0, 4])
-def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
-    """Three GRPO steps whose rollouts vLLM samples: each later step's episodes come from the updated
+# -- muarl grpo --rollout-engine vllm / vllm-server:URL#MODEL --------------------------------------------
+def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str) -> None:
+    """Three GRPO steps whose rollouts ``engine`` samples: each later step's episodes come from the updated
     weights (the sampler/trainer mismatch stays at float noise), although the updates moved the policy
     far enough that rollouts from the starting weights would show (the control below)."""
     import json
@@ -504,25 +503,25 @@ def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lor
     from muarl.train.grpo import preset, train_grpo
     from muarl.types import Trajectory
 
-    config = preset("tiny", out=str(tmp_path), domain="train_fixtures:coin", steps=3, tasks_per_step=2,
+    config = preset("tiny", out=str(out), domain="train_fixtures:coin", steps=3, tasks_per_step=2,
                     group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2 if lora_r else 1e-3, kl_beta=0.0,
-                    rollout_engine="vllm", lora_r=lora_r, lora_alpha=8, save_every=0)
+                    rollout_engine=engine, lora_r=lora_r, lora_alpha=8, save_every=0)
     result = train_grpo(config, progress=False)
-    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if m["trained_sequences"] > m.get("skipped_sequences", 0)]
     assert len(trained) >= 2, metrics
     for m in trained:
         assert m["mismatch_kl"] < 1e-6 and m["mismatch_outside"] == 0.0, m
         assert m["sync_s"] > 0
-        print(f"rank {lora_r}: step {m['step']} mismatch KL {m['mismatch_kl']:.2e}")
+        print(f"{engine}, rank {lora_r}: step {m['step']} mismatch KL {m['mismatch_kl']:.2e}")
     # control: the last step's episodes scored by the *starting* weights disagree with their sampler
     start, _ = load("tiny")
     last = [Trajectory.model_validate_json(line)
-            for line in (tmp_path / "rollouts" / "step_000003.jsonl").read_text().splitlines()]
+            for line in (out / "rollouts" / "step_000003.jsonl").read_text().splitlines()]
     drift = max(float((torch.tensor(t.logprobs)[torch.tensor(t.loss_mask, dtype=torch.bool)]
                        - _trainer_scores(start, t.token_ids)[torch.tensor(t.loss_mask, dtype=torch.bool)]).abs().max())
                 for t in last)
-    print(f"rank {lora_r}: largest log-prob change of the last step's tokens since the start {drift:.3f}")
+    print(f"{engine}, rank {lora_r}: largest log-prob change of the last step's tokens since the start {drift:.3f}")
     assert drift > 0.05
     # same shape as the transformers engine's rollouts: the loss mask covers the sampled ids exactly
     for t in last:
@@ -530,3 +529,24 @@ def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lor
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if not m)
     assert result["steps"] == 3
 
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_grpo_rolls_out_through_a_vllm_server_and_keeps_it_in_step(vllm_server, tmp_path, lora_r):
+    """--rollout-engine vllm-server:URL#MODEL: the same run against the module's server, synced over HTTP
+    at the start and after every update (LoRA: the adapter loaded in place; full: the weights reloaded)."""
+    from muarl.models import load
+
+    try:
+        _grpo_keeps_the_engine_in_step(tmp_path, lora_r, f"vllm-server:{vllm_server}/v1#tiny")
+    finally:
+        if not lora_r:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
+            policy = _server_policy(vllm_server)
+            try:
+                policy.sync_weights(load("tiny")[0])
+            finally:
+                policy.close()
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
+    _grpo_keeps_the_engine_in_step(tmp_path, lora_r, "vllm")

@@ -194,10 +194,11 @@ def add_commands(sub: Any) -> None:
          help="truncated importance sampling against the rollout-training mismatch: ratio against the trainer's "
               "pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 is the "
               "published choice (default 0: off). The mismatch is logged either way (mismatch_kl, mismatch_outside)")
-    _add(grpo, "--rollout-engine", choices=["hf", "vllm"],
+    _add(grpo, "--rollout-engine", metavar="{hf,vllm,vllm-server:URL#MODEL}",
          help="what samples the rollouts: muarl's transformers engine (hf, default) or vLLM, whose weights "
               "follow the trainer's after every update (LoRA: the adapter reloaded in place; full: the weights "
-              "pushed in); needs `muarl[vllm]` (docs/vllm.md)")
+              "pushed in): in this process (vllm, needs `muarl[vllm]`) or a running vLLM server "
+              "(vllm-server:URL#MODEL, MODEL its --served-model-name; no vLLM needed here); docs/vllm.md")
     _add(grpo, "--vllm-gpu-memory", type=float,
          help="with --rollout-engine vllm on a GPU the trainer shares: the share of its memory vLLM's weights and "
               "KV cache take (default 0.3)")

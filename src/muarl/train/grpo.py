@@ -36,7 +36,7 @@ from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
-from muarl.train.samplers import make_sampler
+from muarl.train.samplers import SERVER, check_rollout_engine, make_sampler, server_endpoint
 from muarl.train.shared_prefix import (
     MIN_PREFIX,
     DetachedPrefix,
@@ -106,7 +106,9 @@ class GRPOConfig(RunSettings):
     # ratio is taken against the trainer's pre-update log-probs and each token weighed by
     # min(trainer / sampler probability, tis_cap); 0: off (the ratio's denominator is the sampler's)
     tis_cap: float = 0.0
-    rollout_engine: str = "hf"  # "hf": muarl's transformers engine; "vllm": vLLM, weights synced after each update
+    # "hf": muarl's transformers engine; "vllm": vLLM in this process; "vllm-server:URL#MODEL": a vLLM server
+    # (muarl.policies.vllm_server); a vLLM engine's weights are synced to the trainer's after each update
+    rollout_engine: str = "hf"
     vllm_gpu_memory: float = 0.3  # with vllm on a GPU shared with the trainer: the share of its memory vLLM takes
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
 
@@ -125,8 +127,10 @@ class GRPOConfig(RunSettings):
                              "(--violation-reward needs --penalize-violations)")
         if self.tis_cap < 0:
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
-        if self.rollout_engine not in ("hf", "vllm"):
-            raise ValueError(f"--rollout-engine must be 'hf' or 'vllm', not {self.rollout_engine!r}")
+        if self.rollout_engine.startswith(SERVER):
+            server_endpoint(self.rollout_engine)  # a malformed URL#MODEL: one line (no connection yet)
+        elif self.rollout_engine not in ("hf", "vllm"):
+            raise ValueError(f"--rollout-engine must be hf, vllm or {SERVER}URL#MODEL, not {self.rollout_engine!r}")
         if not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
         if self.user_http_timeout is not None and self.user_http_timeout <= 0:
@@ -463,12 +467,11 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     rank 0 writes files.
     """
     check_report_to(config.report_to)
-    if config.rollout_engine == "vllm":  # before the run directory exists: one line, nothing written
-        from muarl.policies.vllm_engine import INSTALL_HINT, available
-
-        if not available():
-            raise ValueError(f"--rollout-engine vllm: {INSTALL_HINT}")
+    check_rollout_engine(config)  # no vLLM, no server: one line before the run directory exists
     dist = setup(config.device)
+    if config.rollout_engine.startswith(SERVER) and dist.world > 1:
+        raise ValueError(f"--rollout-engine {SERVER}URL#MODEL runs in one training process only: every rank "
+                         "would sync the same server (use --rollout-engine vllm, one engine per rank)")
     run = open_run(config, dist)
     model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
     model.eval()

@@ -1,5 +1,6 @@
 """What samples a GRPO step's rollouts (``--rollout-engine``): muarl's transformers engine on the trainer's
-own model, or a vLLM engine whose weights follow the trainer's after every update.
+own model, or a vLLM engine whose weights follow the trainer's after every update: in this process
+(``vllm``) or a vLLM server addressed by URL (``vllm-server:URL#MODEL``, which needs no vLLM here).
 
 Both hand the step a :class:`~muarl.policies.base.Policy` per batch of tasks, seeded by (run seed, step,
 batch), and both produce the same :class:`~muarl.types.Trajectory` (token ids, loss mask, the sampler's
@@ -51,22 +52,32 @@ class HFSampler:
 
 
 class VLLMSampler:
-    """One vLLM engine for the whole run (:class:`~muarl.policies.vllm.VLLMPolicy`), started on the run's
-    base checkpoint and synced to the trainer's weights at once (a resumed run's included) and after every
-    update: a LoRA run's adapter is saved and reloaded in place, a full fine-tuning run's weights are pushed
-    in through the engine's weight-reload route. ``engine_options`` go to the engine (``dtype``,
-    ``kv_cache_gib``, vLLM engine arguments)."""
+    """A vLLM engine for the whole run, synced to the trainer's weights at once (a resumed run's included)
+    and after every update: a LoRA run's adapter is saved and reloaded in place, a full fine-tuning run's
+    weights are pushed in. ``engine_policy``: an in-process :class:`~muarl.policies.vllm.VLLMPolicy`
+    (:meth:`in_process`) or a :class:`~muarl.policies.vllm_server.VLLMServerPolicy`; the sampler owns it
+    (closes it, also when the first sync fails)."""
 
-    def __init__(self, base: str, model: Any, temperature: float, max_new_tokens: int, lora_rank: int = 0,
-                 **engine_options: Any):
+    def __init__(self, engine_policy: Any, model: Any, lora: bool):
+        self.engine_policy, self.lora = engine_policy, lora
+        try:
+            self.sync(model)
+        except BaseException:
+            engine_policy.close()
+            raise
+
+    @classmethod
+    def in_process(cls, base: str, model: Any, temperature: float, max_new_tokens: int, lora_rank: int = 0,
+                   **engine_options: Any) -> VLLMSampler:
+        """One in-process engine started on the run's base checkpoint; ``engine_options`` go to the engine
+        (``dtype``, ``kv_cache_gib``, vLLM engine arguments)."""
         from muarl.policies.vllm import VLLMPolicy
 
-        self.lora = lora_rank > 0
-        if self.lora:
+        if lora_rank > 0:
             engine_options.setdefault("max_lora_rank", max(16, lora_rank))
-        self.engine_policy = VLLMPolicy(base, temperature=temperature, max_new_tokens=max_new_tokens,
-                                        enable_lora=self.lora, **engine_options)
-        self.sync(model)
+        engine_policy = VLLMPolicy(base, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   enable_lora=lora_rank > 0, **engine_options)
+        return cls(engine_policy, model, lora_rank > 0)
 
     def policy(self, seed: int) -> Policy:
         self.engine_policy.seed = seed  # the episodes' seeds derive from it (and the task), as HFPolicy's do
@@ -84,8 +95,51 @@ class VLLMSampler:
         self.engine_policy.close()
 
 
+SERVER = "vllm-server:"
+
+
+def server_endpoint(engine: str) -> tuple[str, str]:
+    """(URL, served model name) of a ``vllm-server:URL#MODEL`` rollout engine; a malformed one is a
+    one-line ValueError."""
+    from muarl.factory import _endpoint
+
+    url, model = _endpoint(engine, "--rollout-engine")
+    if "://" not in url:
+        raise ValueError(f"--rollout-engine {engine!r}: the URL must start with http:// or https://, "
+                         f"e.g. {SERVER}http://127.0.0.1:8000/v1#my-model")
+    return url, model
+
+
+def server_policy(config: Any) -> Any:
+    """A :class:`~muarl.policies.vllm_server.VLLMServerPolicy` on ``config.rollout_engine``'s server,
+    rendering episodes with the trainer's tokenizer (``config.model``); an unreachable server, or one not
+    serving the model, is a one-line ValueError."""
+    from muarl.policies.vllm_server import ServerError, VLLMServerPolicy
+
+    url, name = server_endpoint(config.rollout_engine)
+    try:
+        return VLLMServerPolicy(url, name, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
+                                seed=config.seed, tokenizer=config.model)
+    except ServerError as err:
+        raise ValueError(f"--rollout-engine {config.rollout_engine!r}: {err}") from None
+
+
+def check_rollout_engine(config: Any) -> None:
+    """Refuse, before anything is written, a rollout engine that cannot run: vLLM not installed (in-process
+    engine) or a server that cannot be reached or does not serve the model (one line each)."""
+    if config.rollout_engine == "vllm":
+        from muarl.policies.vllm_engine import INSTALL_HINT, available
+
+        if not available():
+            raise ValueError(f"--rollout-engine vllm: {INSTALL_HINT}")
+    elif config.rollout_engine.startswith(SERVER):
+        server_policy(config).close()  # the run's own connection is opened by make_sampler
+
+
 def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
     """The sampler ``config.rollout_engine`` names, for a GRPO run's ``model``."""
+    if config.rollout_engine.startswith(SERVER):
+        return VLLMSampler(server_policy(config), model, lora=config.lora_r > 0)
     if config.rollout_engine == "vllm":
         import torch
 
@@ -96,7 +150,7 @@ def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
         bf16 = config.bf16 if config.bf16 is not None else cuda
         # colocated with the trainer: vLLM's default (90% of the GPU for weights and KV cache) would starve it
         options = {"gpu_memory_utilization": config.vllm_gpu_memory} if cuda else {}
-        return VLLMSampler(str(resolve(config.model)), model, config.temperature, config.max_new_tokens,
-                           lora_rank=config.lora_r, dtype="bfloat16" if bf16 else "float32", seed=config.seed,
-                           **options)
+        return VLLMSampler.in_process(str(resolve(config.model)), model, config.temperature, config.max_new_tokens,
+                                      lora_rank=config.lora_r, dtype="bfloat16" if bf16 else "float32",
+                                      seed=config.seed, **options)
     return HFSampler(model, tokenizer, config.temperature, config.max_new_tokens)
