@@ -57,15 +57,23 @@ def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowe
 
     model, reference, good, bad = _tiny_model_and_two_episodes()
 
+    # where the two episodes share tokens their +1 and -1 pull against each other; the claim is about
+    # the sampled tokens from the first one they differ in
+    split = next(i for i, (x, y) in enumerate(zip(good.token_ids, bad.token_ids, strict=False)) if x != y)
+
     def mean_logp(traj):
         with torch.no_grad():
             lp, _ = sequence_logprobs(model, traj.token_ids, 1.0)
         mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        mask[:split] = False
+        assert mask.any()
         return float(lp[mask].mean())
 
     before = mean_logp(good), mean_logp(bad)
-    config = GRPOConfig(lr=1e-3, weight_decay=0.0, kl_beta=0.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    config = GRPOConfig(lr=1e-2, weight_decay=0.0, kl_beta=0.0)
+    # plain gradient steps: to first order each episode moves along its own gradient (Adam's first step is
+    # close to a sign step, which can move an episode against its advantage through the shared parameters)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     stats, _, _ = policy_update(model, reference, optimizer, get_algorithm("grpo", kl_beta=0.0),
                                 [(good, 1.0), (bad, -1.0)], config)
     after = mean_logp(good), mean_logp(bad)
