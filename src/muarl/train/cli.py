@@ -95,8 +95,7 @@ def _grpo_cmd(args: argparse.Namespace) -> int:
 
 
 PRETRAIN = ["model", "out", "steps", "batch_size", "lr", "seed", "chunk_tasks", "slip_rate", "first_chunk",
-            "probe_every", "hidden_size",
-            "layers", "heads", "head_dim", "kv_heads", "prompt"]
+            "probe_every", "hidden_size", "layers", "heads", "head_dim", "kv_heads", "prompt"]
 
 
 def _pretrain_cmd(args: argparse.Namespace) -> int:
@@ -135,8 +134,8 @@ def _pretrain_parser(sub: Any) -> None:
     p.add_argument("--exclude-behaviours", nargs="+",
                    help="leave out users who show these behaviours (e.g. changes_mind), for RL to teach")
     p.add_argument("--slip-rate", type=float,
-                   help="share of conversations in which the expert mistypes an identity lookup, gets 'not found' "
-                        "and asks again (the wrong call without loss; default 0)")
+                   help="chance that the expert mistypes its identity lookup (then asks again), and again that it "
+                        "mistypes a proposal (then proposes again); the wrong message without loss (default 0)")
     p.add_argument("--first-chunk", type=int,
                    help="start the stream at this database (a continuation: past the chunks its base saw; default 0)")
     p.add_argument("--probe-every", type=int, help="steps between held-out copy-accuracy probes (default 250)")

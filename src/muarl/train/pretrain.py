@@ -58,7 +58,7 @@ class PretrainConfig(RunSettings):
     max_len: int = 0  # tokens per packed row (0: the step's longest conversation)
     chunk_tasks: int = 200  # training tasks generated per fresh database
     exclude_behaviours: list[str] = field(default_factory=list)  # user behaviours kept out (for RL to teach)
-    slip_rate: float = 0.0  # share of conversations where the expert mistypes an identity lookup and recovers
+    slip_rate: float = 0.0  # chance the expert mistypes a lookup / a proposal and recovers (TeacherSession.slip)
     first_chunk: int = 0  # the stream's first database (a continuation starts past the chunks its base saw)
     probe_every: int = 250  # steps between copy-accuracy probes (0: only at the end)
     probe_conversations: int = 24
