@@ -440,7 +440,9 @@ def test_eval_cli_limits_and_an_all_faulted_run(server: FaultServer, tmp_path: P
     server.script({"sleep": 3, "content": "late"}, {"sleep": 3, "content": "late"}, default={"status": 400})
     out = tmp_path / "run"
     code = main(["eval", "--domain", "retail", "--limit", "2", "--k", "1", "--quiet", "--out", str(out),
-                 "--user", f"llm:{server.url}#fault", "--user-timeout", "10", "--user-http-timeout", "0.5"])
+                 "--user", f"llm:{server.url}#fault", "--user-timeout", "10", "--user-http-timeout", "0.5",
+                 "--user-max-tokens", "40"])
+    assert {r.get("max_tokens") for r in server.requests()} == {40}  # --user-max-tokens reached every request
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
     assert "every one of the 2 episodes faulted (user 2)" in err and "400" in err
@@ -454,7 +456,11 @@ def test_cli_options_are_checked_in_one_line_naming_the_option(tmp_path: Path, c
                        (["rollout", "--domain", "retail", "--tool-timeout", "-1"], "--tool-timeout must be at least 0"),
                        (["eval", "--domain", "retail", "--agent-timeout", "-5"], "--agent-timeout must be at least 0"),
                        (["eval", "--domain", "retail", "--user", "llm:http://x/v1#m", "--user-http-timeout", "0"],
-                        "--user-http-timeout must be above 0")):
+                        "--user-http-timeout must be above 0"),
+                       (["rollout", "--domain", "retail", "--user", "llm:http://x/v1#m", "--user-max-tokens", "0"],
+                        "--user-max-tokens must be at least 1 (got 0)"),
+                       (["grpo", "--domain", "retail", "--user-max-tokens", "-3"],
+                        "--user-max-tokens must be at least 1 (got -3)")):
         assert main([*argv, "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and says in err, err
@@ -478,11 +484,11 @@ def test_grpo_and_synth_take_the_limits() -> None:
     from muarl.train.cli import grpo_config
 
     args = build_parser().parse_args(["grpo", "--out", "x", "--user-timeout", "5", "--tool-timeout", "0",
-                                      "--agent-timeout", "9", "--user-http-timeout", "3"])
+                                      "--agent-timeout", "9", "--user-http-timeout", "3", "--user-max-tokens", "64"])
     config = grpo_config(args)
     episode = config.episode_config()
     assert (episode.user_timeout, episode.tool_timeout, episode.agent_timeout) == (5, None, 9)
-    assert config.user_http_timeout == 3
+    assert config.user_http_timeout == 3 and config.user_max_tokens == 64
     plain = grpo_config(build_parser().parse_args(["grpo", "--out", "x"])).episode_config()
     assert (plain.user_timeout, plain.tool_timeout, plain.agent_timeout) == (120, 60, 600)
     synth = build_parser().parse_args(["synth", "--out", "x", "--user-timeout", "2"])

@@ -114,7 +114,7 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
     config = EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
                            require_outputs=not args.no_required_outputs, **limit_kwargs(args))
     policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    user = make_user(args.user, http_timeout=args.user_http_timeout)
+    user = make_user(args.user, http_timeout=args.user_http_timeout, max_tokens=args.user_max_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine = RolloutEngine(domain, policy, user, config, group_size=args.n, concurrency=args.concurrency,
@@ -177,7 +177,7 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     names = BUILTIN if args.domain == ["all"] else args.domain
     domains = [get_domain(n) for n in names]
     teacher = make_policy(args.teacher, temperature=args.temperature, seed=args.seed)
-    user = make_user(args.user, http_timeout=args.user_http_timeout)
+    user = make_user(args.user, http_timeout=args.user_http_timeout, max_tokens=args.user_max_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # what was used, as given (module:attr for a plug-in), so `muarl view OUT` finds the tasks again

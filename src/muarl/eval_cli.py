@@ -27,8 +27,9 @@ def _episode_config(args: argparse.Namespace) -> Any:
 
 
 def add_limit_options(p: argparse.ArgumentParser, defaults: bool = True) -> None:
-    """``--user-timeout``, ``--agent-timeout``, ``--tool-timeout`` and ``--user-http-timeout`` (eval, rollout,
-    synth, grpo): a party that hits its limit faults its episode instead of hanging the run.
+    """``--user-timeout``, ``--agent-timeout``, ``--tool-timeout``, ``--user-http-timeout`` and
+    ``--user-max-tokens`` (eval, rollout, synth, grpo): a party that hits its limit faults its episode
+    instead of hanging the run; a user message that hits its token cap ends there.
 
     With ``defaults=False`` an option left out is None, for commands whose config holds the defaults."""
     from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S
@@ -43,6 +44,9 @@ def add_limit_options(p: argparse.ArgumentParser, defaults: bool = True) -> None
     p.add_argument("--user-http-timeout", type=float, default=None, metavar="SECONDS",
                    help=f"llm: users: seconds one HTTP request to the user's endpoint may take before it is "
                         f"retried (default {HTTP_TIMEOUT_S:g})")
+    p.add_argument("--user-max-tokens", type=int, default=None, metavar="N",
+                   help="llm: users: the most tokens one user message may take (default: the server's limit, "
+                        "the context; cap it for a user model that does not end its turns)")
 
 
 def limit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,7 +82,7 @@ def _eval_cmd(args: argparse.Namespace) -> int:
         tasks = tasks[: args.limit]
     policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                          seed=args.seed)
-    user = make_user(args.user, http_timeout=args.user_http_timeout)
+    user = make_user(args.user, http_timeout=args.user_http_timeout, max_tokens=args.user_max_tokens)
     # the specs as given (module:attr for a plug-in), so view, compare and a resume find them again
     meta = {"domain": args.domain, "policy": args.policy, "user": args.user, "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "split": "+".join(sorted({t.split for t in tasks}))}

@@ -90,10 +90,13 @@ def make_policy(spec: str, **options: Any) -> Policy:
     raise SpecError(f"unknown policy {spec!r}; use {POLICY_FORMS.replace(' | ', ', ')}")
 
 
-def make_user(spec: str, http_timeout: float | None = None) -> UserSimulator:
-    """A user from its spec; ``http_timeout`` sets an llm: user's per-request HTTP timeout (seconds)."""
+def make_user(spec: str, http_timeout: float | None = None, max_tokens: int | None = None) -> UserSimulator:
+    """A user from its spec; ``http_timeout`` sets an llm: user's per-request HTTP timeout (seconds),
+    ``max_tokens`` its cap on one message's tokens."""
     if http_timeout is not None and http_timeout <= 0:
         raise SpecError(f"--user-http-timeout must be above 0 seconds, not {http_timeout:g}")
+    if max_tokens is not None and max_tokens < 1:
+        raise SpecError(f"--user-max-tokens must be at least 1 (got {max_tokens})")
     if spec == "scripted":
         from muarl.users.scripted import ScriptedUser
 
@@ -103,7 +106,8 @@ def make_user(spec: str, http_timeout: float | None = None) -> UserSimulator:
 
         url, model = _endpoint(spec, "user")
         timeout = {"timeout": http_timeout} if http_timeout is not None else {}
-        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **timeout)
+        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_tokens=max_tokens,
+                       **timeout)
     if spec.startswith("replay:"):
         from muarl.rollout import load_trajectories
         from muarl.users.replay import ReplayUser

@@ -71,7 +71,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
               "penalize_violations", "violation_reward", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
               "zero_advantage_kl", "gradient_checkpointing", "user_timeout", "agent_timeout", "tool_timeout",
-              "user_http_timeout", "tis_cap", "rollout_engine", "vllm_gpu_memory"]
+              "user_http_timeout", "user_max_tokens", "tis_cap", "rollout_engine", "vllm_gpu_memory"]
 
 
 def grpo_config(args: argparse.Namespace) -> Any:

@@ -87,6 +87,7 @@ class GRPOConfig(RunSettings):
     agent_timeout: float | None = AGENT_TIMEOUT_S
     tool_timeout: float | None = TOOL_TIMEOUT_S
     user_http_timeout: float | None = None  # an llm: user's per-request HTTP timeout (None: LLMUser's default)
+    user_max_tokens: int | None = None  # an llm: user's cap on one message's tokens (None: the server's limit)
     penalize_violations: bool = False  # train on violation_reward for an episode that broke a policy rule (paper: DB only)
     # the training reward of a rule-breaking episode when penalized: 0 only equals it with a plain failure, so
     # a group of failures gives no signal against the rule; below 0 it does (the demo uses -1)
@@ -135,6 +136,8 @@ class GRPOConfig(RunSettings):
             raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
         if self.user_http_timeout is not None and self.user_http_timeout <= 0:
             raise ValueError(f"--user-http-timeout must be above 0 seconds, not {self.user_http_timeout:g}")
+        if self.user_max_tokens is not None and self.user_max_tokens < 1:
+            raise ValueError(f"--user-max-tokens must be at least 1 (got {self.user_max_tokens})")
 
     def episode_config(self) -> EpisodeConfig:
         """The episodes' settings: the paper's training ones (required outputs not graded) and the limits."""
@@ -476,7 +479,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
     model.eval()
     domain = get_domain(config.domain)
-    user = make_user(config.user, http_timeout=config.user_http_timeout)
+    user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
     episode = config.episode_config()  # as the paper trains: required outputs not graded
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,
                               kl_beta=config.kl_beta)
