@@ -168,3 +168,26 @@ def test_rollout_engine_vllm_server_is_checked_in_one_line_before_anything_is_wr
         assert code == 2 and err.splitlines() == [err], err
         assert err.startswith(f"muarl: error: --rollout-engine '{engine}': ") and message in err, err
         assert not out.exists()
+
+
+def test_a_user_the_run_would_train_is_refused_in_one_line(tmp_path, capsys):
+    """An llm: user on the --rollout-engine server: full fine-tuning would reload the user's weights with
+    the policy's, and a LoRA run's user must not be the trained adapter; the base model with LoRA is the
+    frozen user of a one-GPU run. Refused by the config (no connection is made), exit 2, nothing written."""
+    from muarl.cli import main
+    from muarl.policies.vllm import LORA_NAME
+
+    engine = "vllm-server:http://127.0.0.1:8000/v1#tiny"
+    for user, lora, message in (("llm:http://localhost:8000#tiny", 0, "the user would learn with the policy"),
+                                (f"llm:http://127.0.0.1:8000/v1#{LORA_NAME}", 4, "names the adapter the run trains")):
+        with pytest.raises(ValueError, match=message):
+            GRPOConfig(rollout_engine=engine, user=user, lora_r=lora)
+        out = tmp_path / "run"
+        code = main(["grpo", "--preset", "tiny", "--steps", "1", "--rollout-engine", engine, "--user", user,
+                     "--lora-r", str(lora), "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.splitlines() == [err] and message in err, err
+        assert not out.exists()
+    # allowed: the base model under LoRA, and any model on another server
+    GRPOConfig(rollout_engine=engine, user="llm:http://127.0.0.1:8000/v1#tiny", lora_r=4)
+    GRPOConfig(rollout_engine=engine, user="llm:http://127.0.0.1:8001/v1#tiny", lora_r=0)

@@ -563,6 +563,58 @@ def test_grpo_rolls_out_through_a_vllm_server_and_keeps_it_in_step(vllm_server, 
                 policy.close()
 
 
+def test_one_server_is_the_rollout_engine_and_a_frozen_llm_user(vllm_server, tmp_path):
+    """The one-GPU layout of docs/gpu.md: one vLLM server samples the policy (its LoRA adapter, reloaded
+    after every update) and plays the user (``--user llm:URL#MODEL`` on the base model, adapter off).
+    The user stays frozen: the base's log-probs are the same after training while the policy's moved away
+    from them, and the user's words in the run are the base model's (replayed after the run, they come out
+    the same). The run unloads its adapter at the end: the server is left serving the base, alive."""
+    import json
+
+    from muarl.policies.vllm import LORA_NAME
+    from muarl.policies.vllm_server import ServerError
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.types import Trajectory
+    from muarl.users.llm import LLMUser
+    from train_fixtures import coin
+
+    url = f"{vllm_server}/v1"
+    probe = _server_policy(vllm_server)
+    try:
+        ids = probe.tokenizer.encode("Hi, I would like to return the shoes from my last order, please.")
+        base_before = _engine_scores(probe, ids)
+        config = preset("tiny", out=str(tmp_path / "run"), domain="train_fixtures:coin", steps=2, tasks_per_step=2,
+                        group_size=4, max_new_tokens=12, max_turns=2, lr=1e-2, kl_beta=0.0, lora_r=4, lora_alpha=8,
+                        save_every=0, rollout_engine=f"vllm-server:{url}#tiny", user=f"llm:{url}#tiny",
+                        user_max_tokens=16)
+        train_grpo(config, progress=False)
+        base_after = _engine_scores(probe, ids)
+        last = [Trajectory.model_validate_json(line)
+                for line in (tmp_path / "run" / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+        # the policy's tokens in step 2 (sampled by the adapter after step 1's update) against the base's scores
+        policy_moved = max(float((torch.tensor(t.logprobs) - _engine_scores(probe, t.token_ids))[
+            torch.tensor(t.loss_mask, dtype=torch.bool)].abs().max()) for t in last)
+        with pytest.raises(ServerError, match="HTTP 404"):  # unloaded at the run's end; the base still answers
+            _engine_scores(probe, ids, LORA_NAME)
+        assert torch.equal(_engine_scores(probe, ids), base_after)
+    finally:
+        probe.close()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["trained_sequences"] > 0 and all(m["sim_fault_rate"] == 0 for m in metrics), metrics
+    assert all(m.get("mismatch_kl", 0.0) < 1e-6 for m in metrics), metrics  # the policy is the synced adapter
+    user_moved = float((base_after - base_before).abs().max())
+    print(f"after 2 LoRA steps: the base (the user) moved {user_moved:.1e}; the policy's step-2 tokens differ "
+          f"from the base's log-probs by up to {policy_moved:.3f}")
+    assert user_moved < 1e-5 and policy_moved > 0.01
+    # the user's words in the last step's episodes: the frozen base model's, greedy, capped at 16 tokens
+    replay = LLMUser(url, "tiny", max_tokens=16, max_retries=1)
+    for traj in last:
+        said = next(m.content for m in traj.messages if m.role == "user")
+        task = next(t for t in coin.tasks("train") if t.id == traj.task_id)
+        opening = asyncio.run(replay.session(task, 0).start())
+        assert said and opening.text == said, (opening.text, said)
+
+
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
     _grpo_keeps_the_engine_in_step(tmp_path, lora_r, "vllm")

@@ -32,7 +32,8 @@ class SpecError(ValueError):
     """A malformed --policy / --user value; the message says what the accepted forms are."""
 
 
-def _endpoint(spec: str, kind: str) -> tuple[str, str]:
+def split_endpoint(spec: str, kind: str) -> tuple[str, str]:
+    """(URL, model) of a ``PREFIX:URL#MODEL`` spec; a malformed one is a one-line SpecError naming ``kind``."""
     rest = spec.split(":", 1)[1]
     url, sep, model = rest.rpartition("#")
     if not sep or not url or not model:
@@ -59,7 +60,7 @@ def make_policy(spec: str, **options: Any) -> Policy:
     if spec.startswith("vllm-server:"):
         from muarl.policies.vllm_server import ServerError, VLLMServerPolicy
 
-        url, model = _endpoint(spec, "policy")
+        url, model = split_endpoint(spec, "policy")
         keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed")
         try:
             return VLLMServerPolicy(url, model, **{k: v for k, v in options.items() if k in keys and v is not None})
@@ -79,7 +80,7 @@ def make_policy(spec: str, **options: Any) -> Policy:
     if spec.startswith("openai:"):
         from muarl.policies.openai import OpenAIPolicy
 
-        url, model = _endpoint(spec, "policy")
+        url, model = split_endpoint(spec, "policy")
         keys = ("temperature", "seed")
         kwargs = {k: v for k, v in options.items() if k in keys and v is not None}
         if options.get("max_new_tokens"):
@@ -104,7 +105,7 @@ def make_user(spec: str, http_timeout: float | None = None, max_tokens: int | No
     if spec.startswith("llm:"):
         from muarl.users.llm import LLMUser
 
-        url, model = _endpoint(spec, "user")
+        url, model = split_endpoint(spec, "user")
         timeout = {"timeout": http_timeout} if http_timeout is not None else {}
         return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_tokens=max_tokens,
                        **timeout)

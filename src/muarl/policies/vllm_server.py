@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import shutil
@@ -196,6 +197,10 @@ class VLLMServer:
         self.reset_prefix_cache(required=False)
         self.stats.lora_loads += 1
 
+    def unload_lora(self, name: str) -> None:
+        """Remove the adapter ``name`` from the server (requests naming it fail with a 404 after)."""
+        self.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+
     def reload_weights(self, path: str) -> None:
         """Reload every weight in place from the safetensors checkpoint at ``path`` (the worker's
         ``reload_weights``: maps Hugging Face names onto the fused layouts and repacks, as at startup),
@@ -321,7 +326,13 @@ class VLLMServerPolicy(VLLMPolicy):
         self._loaded_from("lora", path)
 
     def close(self) -> None:
-        """Close the HTTP client; remove the sync directory if this policy made it."""
+        """Unload the synced adapter, close the HTTP client, remove the sync directory if this policy made
+        it. The unload first: a request to an adapter whose files are gone would make vLLM read them
+        again, fail, and take the whole engine down ("LoRAAdapterNotFoundError" -> EngineDeadError)."""
+        if self.lora is not None:
+            with contextlib.suppress(ServerError):  # a server already gone has nothing to unload
+                self.engine.unload_lora(self.lora)
+            self.lora = None
         self.engine.close()
         if self._own_sync_dir:
             shutil.rmtree(self.sync_dir, ignore_errors=True)

@@ -36,7 +36,13 @@ from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
-from muarl.train.samplers import SERVER, check_rollout_engine, make_sampler, server_endpoint
+from muarl.train.samplers import (
+    SERVER,
+    check_rollout_engine,
+    check_user_beside_policy,
+    make_sampler,
+    server_endpoint,
+)
 from muarl.train.shared_prefix import (
     MIN_PREFIX,
     DetachedPrefix,
@@ -130,6 +136,7 @@ class GRPOConfig(RunSettings):
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
         if self.rollout_engine.startswith(SERVER):
             server_endpoint(self.rollout_engine)  # a malformed URL#MODEL: one line (no connection yet)
+            check_user_beside_policy(self)
         elif self.rollout_engine not in ("hf", "vllm"):
             raise ValueError(f"--rollout-engine must be hf, vllm or {SERVER}URL#MODEL, not {self.rollout_engine!r}")
         if not 0 < self.vllm_gpu_memory <= 1:

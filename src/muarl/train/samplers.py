@@ -101,13 +101,46 @@ SERVER = "vllm-server:"
 def server_endpoint(engine: str) -> tuple[str, str]:
     """(URL, served model name) of a ``vllm-server:URL#MODEL`` rollout engine; a malformed one is a
     one-line ValueError."""
-    from muarl.factory import _endpoint
+    from muarl.factory import split_endpoint
 
-    url, model = _endpoint(engine, "--rollout-engine")
+    url, model = split_endpoint(engine, "--rollout-engine")
     if "://" not in url:
         raise ValueError(f"--rollout-engine {engine!r}: the URL must start with http:// or https://, "
                          f"e.g. {SERVER}http://127.0.0.1:8000/v1#my-model")
     return url, model
+
+
+def check_user_beside_policy(config: Any) -> None:
+    """Refuse an ``llm:`` user that the run would train along with the policy: one served by the
+    ``vllm-server`` the run syncs. A full fine-tuning run reloads that server's weights after every
+    update, so its user would learn with the policy; a LoRA run changes only its adapter, so the user may
+    be the base model there (adapter off: a frozen user on the policy's GPU), but not the adapter."""
+    from muarl.factory import split_endpoint
+    from muarl.policies.vllm import LORA_NAME
+
+    if not (config.rollout_engine.startswith(SERVER) and config.user.startswith("llm:")):
+        return
+    policy_url, _ = server_endpoint(config.rollout_engine)
+    user_url, user_model = split_endpoint(config.user, "user")
+    if _server_address(policy_url) != _server_address(user_url):
+        return
+    if config.lora_r == 0:
+        raise ValueError(f"--user {config.user!r} is served by the --rollout-engine server, whose weights full "
+                         "fine-tuning replaces after every update: the user would learn with the policy. Train "
+                         "LoRA (--lora-r; the user is then the base model, adapter off) or serve the user elsewhere")
+    if user_model == LORA_NAME:
+        raise ValueError(f"--user {config.user!r} names the adapter the run trains ({LORA_NAME!r}); name the "
+                         "server's base model to have a frozen user")
+
+
+def _server_address(url: str) -> tuple[str, int]:
+    """(host, port) of a server URL, localhost and 127.0.0.1 taken as one."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return ("127.0.0.1" if host in ("localhost", "::1") else host, port)
 
 
 def server_policy(config: Any) -> Any:
