@@ -191,3 +191,61 @@ def test_a_user_the_run_would_train_is_refused_in_one_line(tmp_path, capsys):
     # allowed: the base model under LoRA, and any model on another server
     GRPOConfig(rollout_engine=engine, user="llm:http://127.0.0.1:8000/v1#tiny", lora_r=4)
     GRPOConfig(rollout_engine=engine, user="llm:http://127.0.0.1:8001/v1#tiny", lora_r=0)
+
+
+def test_vllm_sleep_is_refused_in_one_line_where_it_cannot_sleep(tmp_path, capsys):
+    """--vllm-sleep sleeps an engine in this process: refused with another rollout engine, and on a machine
+    without a GPU (vLLM's CPU build has no sleep mode); one line, exit 2, nothing written."""
+    from muarl.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: --vllm-sleep is allowed")
+    with pytest.raises(ValueError, match="needs --rollout-engine vllm"):
+        GRPOConfig(vllm_sleep=True)
+    for engine, message in (("hf", "needs --rollout-engine vllm"),
+                            ("vllm", "--vllm-sleep needs a GPU: vLLM's CPU build has no sleep mode")):
+        out = tmp_path / "run"
+        code = main(["grpo", "--preset", "tiny", "--steps", "1", "--rollout-engine", engine, "--vllm-sleep",
+                     "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.splitlines() == [err] and message in err, err
+        assert not out.exists()
+
+
+def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path, monkeypatch):
+    """Where --vllm-sleep acts in the GRPO loop: each step's update lies between the sampler's release (a
+    vLLM engine falls asleep) and its sync (it wakes and takes the new weights), and every rollout sees
+    synced weights. A recording wrapper around the real transformers sampler stands in for the engine:
+    no sleeping engine can run here (tests/test_vllm.py drives vLLM's own sleep and wake on the CPU build)."""
+    from muarl.train import grpo as grpo_module
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.samplers import HFSampler
+
+    events: list[tuple[str, float]] = []
+
+    def weights(model) -> float:
+        return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+    class Recording(HFSampler):
+        def policy(self, seed):
+            events.append(("rollout", weights(self.model)))
+            return super().policy(seed)
+
+        def release(self):
+            events.append(("release", weights(self.model)))
+
+        def sync(self, model):
+            events.append(("sync", weights(model)))
+            return 0.0
+
+    monkeypatch.setattr(grpo_module, "make_sampler",
+                        lambda config, model, tokenizer: Recording(model, tokenizer, config.temperature,
+                                                                   config.max_new_tokens))
+    config = preset("tiny", out=str(tmp_path / "run"), domain="train_fixtures:coin", steps=2, tasks_per_step=2,
+                    group_size=4, max_new_tokens=8, max_turns=2, lr=1e-2, kl_beta=0.0, save_every=0)
+    train_grpo(config, progress=False)
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["rollout", "release", "sync", "rollout", "release", "sync"], kinds
+    for (_, at_rollout), (_, at_release), (_, at_sync) in (events[0:3], events[3:6]):
+        assert at_release == at_rollout and at_sync != at_release  # the update ran between release and sync
+    assert events[3][1] == events[2][1]  # step 2 rolls out on the weights step 1 synced

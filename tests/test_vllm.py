@@ -447,6 +447,38 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
         policy.close()
 
 
+def test_a_sleeping_engine_wakes_for_the_sync_and_samples_the_updated_weights():
+    """--vllm-sleep's calls through vLLM's own sleep API: released before the update, the engine is asleep
+    (its scheduler paused; on a GPU its weights offloaded and KV cache freed), a second release changes
+    nothing, and the sync wakes it and pushes the new weights, which it then samples from. The CPU build
+    only keeps the memory where it is ("sleep mode is not supported on CPU, ignore it."), so what a GPU
+    frees is not measured here; the engine is built directly because the CPU build refuses
+    ``enable_sleep_mode``, which ``--vllm-sleep`` asks for."""
+    from muarl.models import load
+    from muarl.policies.vllm import VLLMPolicy
+    from muarl.train.samplers import VLLMSampler
+
+    model, _ = load("tiny")
+    sampler = VLLMSampler(VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=5), model, lora=False,
+                          sleep=True)
+    engine = sampler.engine_policy.engine
+    try:
+        good, bad = _rollouts(sampler.policy(5), tasks=1, group=2, max_turns=2)
+        before = copy.deepcopy(model).requires_grad_(False)
+        sampler.release()
+        sampler.release()
+        assert sampler.asleep and engine.call(engine.engine.is_sleeping)
+        _grpo_step(model, before, good, bad)
+        assert sampler.sync(model) > 0
+        assert not sampler.asleep and not engine.call(engine.engine.is_sleeping)
+        assert _changed_as_the_trainer(sampler.engine_policy, before, model, [good, bad]) > 0.05
+        for traj in _rollouts(sampler.policy(6), tasks=1, group=2, max_turns=2):
+            trainer, sampled = _recomputed(model, traj, 1.0)
+            assert torch.allclose(trainer, sampled, atol=TOLERANCE)
+    finally:
+        sampler.close()
+
+
 def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
     """LoRA: the adapter saved after the step is reloaded into the running engine in place (no restart),
     and the engine's log-probs move as the trainer's (peft) model's; a second step reloads it again."""

@@ -224,6 +224,16 @@ class VLLMEngine:
 
         self.call(run)
 
+    def sleep(self) -> None:
+        """Give the GPU memory back while the trainer updates: vLLM's sleep mode, level 1 (weights offloaded
+        to CPU memory, KV cache freed); needs ``enable_sleep_mode=True`` at start, GPU builds only (the CPU
+        build refuses it: "Sleep mode is not supported on current platform."). Waits for in-flight requests."""
+        self.call(lambda: self.engine.sleep(level=1))
+
+    def wake_up(self) -> None:
+        """Weights back from CPU memory and a fresh (empty) KV cache, after :meth:`sleep`."""
+        self.call(self.engine.wake_up)
+
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine's thread once no request is in flight; its result (or exception)."""
         self._check_alive()

@@ -117,6 +117,9 @@ class GRPOConfig(RunSettings):
     # (muarl.policies.vllm_server); a vLLM engine's weights are synced to the trainer's after each update
     rollout_engine: str = "hf"
     vllm_gpu_memory: float = 0.3  # with vllm on a GPU shared with the trainer: the share of its memory vLLM takes
+    # with vllm on a GPU: the engine sleeps through each update (vLLM's sleep mode, level 1: weights offloaded to
+    # CPU memory, KV cache freed) and wakes before the weight sync, so the update has the GPU to itself
+    vllm_sleep: bool = False
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
 
     def __post_init__(self) -> None:
@@ -139,6 +142,8 @@ class GRPOConfig(RunSettings):
             check_user_beside_policy(self)
         elif self.rollout_engine not in ("hf", "vllm"):
             raise ValueError(f"--rollout-engine must be hf, vllm or {SERVER}URL#MODEL, not {self.rollout_engine!r}")
+        if self.vllm_sleep and self.rollout_engine != "vllm":
+            raise ValueError("--vllm-sleep puts an engine in this process to sleep: it needs --rollout-engine vllm")
         if not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
         if self.user_http_timeout is not None and self.user_http_timeout <= 0:
@@ -531,6 +536,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             if batch:
                 totals = (float(sum(sum(t.loss_mask) for _, t, _ in batch)), float(len(batch)))
                 share = [(t, a) for g, t, a in batch if g % dist.world == dist.rank]
+                sampler.release()  # --vllm-sleep: the engine's GPU memory goes to the update until the sync
                 stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
                                                             dist, totals)
                 stats["sync_s"] = sampler.sync(model)

@@ -20,6 +20,9 @@ class Sampler(Protocol):
     def policy(self, seed: int) -> Policy:
         """The policy one batch of a step samples with; its episodes' draws depend on ``seed`` and the task."""
 
+    def release(self) -> None:
+        """Before an update: give back what the update needs more (an engine's GPU memory) until ``sync``."""
+
     def sync(self, model: Any) -> float:
         """Make the next rollouts sample from ``model``'s current weights; the seconds it took."""
 
@@ -44,6 +47,9 @@ class HFSampler:
         return HFPolicy((causal_lm(self.model), self.tokenizer), temperature=self.temperature,
                         max_new_tokens=self.max_new_tokens, seed=seed)
 
+    def release(self) -> None:
+        pass
+
     def sync(self, model: Any) -> float:
         return 0.0
 
@@ -56,10 +62,12 @@ class VLLMSampler:
     and after every update: a LoRA run's adapter is saved and reloaded in place, a full fine-tuning run's
     weights are pushed in. ``engine_policy``: an in-process :class:`~muarl.policies.vllm.VLLMPolicy`
     (:meth:`in_process`) or a :class:`~muarl.policies.vllm_server.VLLMServerPolicy`; the sampler owns it
-    (closes it, also when the first sync fails)."""
+    (closes it, also when the first sync fails). ``sleep``: the in-process engine sleeps through each update
+    (started with ``enable_sleep_mode``; GPU builds only) and wakes for the next sync."""
 
-    def __init__(self, engine_policy: Any, model: Any, lora: bool):
-        self.engine_policy, self.lora = engine_policy, lora
+    def __init__(self, engine_policy: Any, model: Any, lora: bool, sleep: bool = False):
+        self.engine_policy, self.lora, self.sleep = engine_policy, lora, sleep
+        self.asleep = False
         try:
             self.sync(model)
         except BaseException:
@@ -68,23 +76,33 @@ class VLLMSampler:
 
     @classmethod
     def in_process(cls, base: str, model: Any, temperature: float, max_new_tokens: int, lora_rank: int = 0,
-                   **engine_options: Any) -> VLLMSampler:
+                   sleep: bool = False, **engine_options: Any) -> VLLMSampler:
         """One in-process engine started on the run's base checkpoint; ``engine_options`` go to the engine
         (``dtype``, ``kv_cache_gib``, vLLM engine arguments)."""
+        if sleep:
+            engine_options["enable_sleep_mode"] = True
         from muarl.policies.vllm import VLLMPolicy
 
         if lora_rank > 0:
             engine_options.setdefault("max_lora_rank", max(16, lora_rank))
         engine_policy = VLLMPolicy(base, temperature=temperature, max_new_tokens=max_new_tokens,
                                    enable_lora=lora_rank > 0, **engine_options)
-        return cls(engine_policy, model, lora_rank > 0)
+        return cls(engine_policy, model, lora_rank > 0, sleep=sleep)
 
     def policy(self, seed: int) -> Policy:
         self.engine_policy.seed = seed  # the episodes' seeds derive from it (and the task), as HFPolicy's do
         return self.engine_policy
 
+    def release(self) -> None:
+        if self.sleep and not self.asleep:
+            self.engine_policy.engine.sleep()
+            self.asleep = True
+
     def sync(self, model: Any) -> float:
         began = time.perf_counter()
+        if self.asleep:  # weights back from CPU memory and a fresh KV cache, then the new weights on top
+            self.engine_policy.engine.wake_up()
+            self.asleep = False
         if self.lora:
             self.engine_policy.sync_lora(model)
         else:
@@ -161,8 +179,13 @@ def check_rollout_engine(config: Any) -> None:
     """Refuse, before anything is written, a rollout engine that cannot run: vLLM not installed (in-process
     engine) or a server that cannot be reached or does not serve the model (one line each)."""
     if config.rollout_engine == "vllm":
+        import torch
+
         from muarl.policies.vllm_engine import INSTALL_HINT, available
 
+        if config.vllm_sleep and not torch.cuda.is_available():
+            raise ValueError("--vllm-sleep needs a GPU: vLLM's CPU build has no sleep mode (\"Sleep mode is not "
+                             "supported on current platform.\")")
         if not available():
             raise ValueError(f"--rollout-engine vllm: {INSTALL_HINT}")
     elif config.rollout_engine.startswith(SERVER):
@@ -184,6 +207,6 @@ def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
         # colocated with the trainer: vLLM's default (90% of the GPU for weights and KV cache) would starve it
         options = {"gpu_memory_utilization": config.vllm_gpu_memory} if cuda else {}
         return VLLMSampler.in_process(str(resolve(config.model)), model, config.temperature, config.max_new_tokens,
-                                      lora_rank=config.lora_r, dtype="bfloat16" if bf16 else "float32",
-                                      seed=config.seed, **options)
+                                      lora_rank=config.lora_r, sleep=config.vllm_sleep,
+                                      dtype="bfloat16" if bf16 else "float32", seed=config.seed, **options)
     return HFSampler(model, tokenizer, config.temperature, config.max_new_tokens)
