@@ -123,6 +123,8 @@ def test_bad_options_are_refused_with_their_name():
         GRPOConfig(rollout_engine="sglang")
     with pytest.raises(ValueError, match="--vllm-gpu-memory"):
         GRPOConfig(vllm_gpu_memory=1.5)
+    with pytest.raises(ValueError, match="--vllm-sync-dir .* needs --rollout-engine vllm-server:URL#MODEL"):
+        GRPOConfig(rollout_engine="vllm", vllm_sync_dir="/tmp/x")
 
 
 def test_rollout_engine_vllm_where_vllm_is_missing_is_one_line_and_writes_nothing(tmp_path):

@@ -541,7 +541,7 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
 
 
 # -- muarl grpo --rollout-engine vllm / vllm-server:URL#MODEL --------------------------------------------
-def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str) -> None:
+def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str, **options) -> None:
     """Three GRPO steps whose rollouts ``engine`` samples: each later step's episodes come from the updated
     weights (the sampler/trainer mismatch stays at float noise), although the updates moved the policy
     far enough that rollouts from the starting weights would show (the control below)."""
@@ -553,7 +553,7 @@ def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str) -> None:
 
     config = preset("tiny", out=str(out), domain="train_fixtures:coin", steps=3, tasks_per_step=2,
                     group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2 if lora_r else 1e-3, kl_beta=0.0,
-                    rollout_engine=engine, lora_r=lora_r, lora_alpha=8, save_every=0)
+                    rollout_engine=engine, lora_r=lora_r, lora_alpha=8, save_every=0, **options)
     result = train_grpo(config, progress=False)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if m["trained_sequences"] > m.get("skipped_sequences", 0)]
@@ -581,11 +581,14 @@ def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str) -> None:
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_grpo_rolls_out_through_a_vllm_server_and_keeps_it_in_step(vllm_server, tmp_path, lora_r):
     """--rollout-engine vllm-server:URL#MODEL: the same run against the module's server, synced over HTTP
-    at the start and after every update (LoRA: the adapter loaded in place; full: the weights reloaded)."""
+    at the start and after every update (LoRA: the adapter loaded in place; full: the weights reloaded),
+    through a --vllm-sync-dir that did not exist: made, used through a directory of the run's own, left empty."""
     from muarl.models import load
 
+    sync = tmp_path / "shared" / "sync"
     try:
-        _grpo_keeps_the_engine_in_step(tmp_path, lora_r, f"vllm-server:{vllm_server}/v1#tiny")
+        _grpo_keeps_the_engine_in_step(tmp_path, lora_r, f"vllm-server:{vllm_server}/v1#tiny", vllm_sync_dir=str(sync))
+        assert sync.is_dir() and not list(sync.iterdir())
     finally:
         if not lora_r:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
             policy = _server_policy(vllm_server)

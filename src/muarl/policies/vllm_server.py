@@ -244,9 +244,10 @@ class VLLMServerPolicy(VLLMPolicy):
     A subclass so that the episode sessions (:class:`VLLMSession`) and the chat formats are the
     in-process backend's own code; its ``__init__`` is not called because it starts an in-process engine.
     ``tokenizer``: a checkpoint directory or muarl alias with the served model's tokenizer (default: the
-    server's checkpoint directory when readable here, else ``model`` as an alias). ``sync_dir``: where
-    weights and adapters are written for the server to load (default: a temporary directory, which serves
-    a server on this machine).
+    server's checkpoint directory when readable here, else ``model`` as an alias). ``sync_dir``: a
+    directory the server can read, in which this policy makes one of its own for the weights and adapters
+    it has the server load, removed on close (default: the system's temporary directory, which serves a
+    server on this machine; one on another machine needs a shared filesystem).
     """
 
     def __init__(self, url: str, model: str, *, temperature: float = 1.0, top_p: float = 1.0,
@@ -267,6 +268,14 @@ class VLLMServerPolicy(VLLMPolicy):
             if not limit:
                 raise ServerError(f"vLLM server {self.engine.url} reports no max_model_len for {model!r}; "
                                   "pass max_context")
+            try:
+                if sync_dir is not None:
+                    Path(sync_dir).mkdir(parents=True, exist_ok=True)
+                # a directory of this policy's own, inside ``sync_dir`` when given: runs sharing it never collide
+                self.sync_dir = Path(tempfile.mkdtemp(prefix="muarl-vllm-server-", dir=sync_dir))
+            except OSError as err:
+                raise ServerError(f"cannot make a sync directory in {sync_dir or tempfile.gettempdir()} "
+                                  f"({err.strerror or err})") from None
         except BaseException:  # no half-built policy holding connections and threads
             self.engine.close()
             raise
@@ -274,8 +283,6 @@ class VLLMServerPolicy(VLLMPolicy):
         self.stop_ids = ChatFormat(self.tokenizer, []).stop_ids
         self.lora: Any = None  # the adapter name every turn samples with, once one is synced
         self._lora_dir = None
-        self._own_sync_dir = sync_dir is None
-        self.sync_dir = Path(sync_dir) if sync_dir is not None else Path(tempfile.mkdtemp(prefix="muarl-vllm-server-"))
         self._syncs = itertools.count(1)
         self._loaded: dict[str, Path] = {}  # per kind ("weights", "lora"): the directory the server last loaded
         self._formats: dict[str, ChatFormat] = {}
@@ -326,16 +333,15 @@ class VLLMServerPolicy(VLLMPolicy):
         self._loaded_from("lora", path)
 
     def close(self) -> None:
-        """Unload the synced adapter, close the HTTP client, remove the sync directory if this policy made
-        it. The unload first: a request to an adapter whose files are gone would make vLLM read them
+        """Unload the synced adapter, close the HTTP client, remove this policy's sync directory. The
+        unload first: a request to an adapter whose files are gone would make vLLM read them
         again, fail, and take the whole engine down ("LoRAAdapterNotFoundError" -> EngineDeadError)."""
         if self.lora is not None:
             with contextlib.suppress(ServerError):  # a server already gone has nothing to unload
                 self.engine.unload_lora(self.lora)
             self.lora = None
         self.engine.close()
-        if self._own_sync_dir:
-            shutil.rmtree(self.sync_dir, ignore_errors=True)
+        shutil.rmtree(self.sync_dir, ignore_errors=True)
 
 
 def _tokenizer_path(explicit: str | Path | None, root: str, model: str) -> Path:

@@ -71,7 +71,7 @@ def _sft_cmd(args: argparse.Namespace) -> int:
 GRPO_EXTRA = ["split", "max_new_tokens", "max_turns", "temperature", "kl_beta", "micro_batch_size", "max_rollout_batches",
               "penalize_violations", "violation_reward", "num_iterations", "mask_truncated", "shared_prefix", "skip_zero_advantage",
               "zero_advantage_kl", "gradient_checkpointing", "user_timeout", "agent_timeout", "tool_timeout",
-              "user_http_timeout", "user_max_tokens", "tis_cap", "rollout_engine", "vllm_gpu_memory", "vllm_sleep"]
+              "user_http_timeout", "user_max_tokens", "tis_cap", "rollout_engine", "vllm_gpu_memory", "vllm_sleep", "vllm_sync_dir"]
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
@@ -201,6 +201,9 @@ def add_commands(sub: Any) -> None:
     _add(grpo, "--vllm-gpu-memory", type=float,
          help="with --rollout-engine vllm on a GPU the trainer shares: the share of its memory vLLM's weights and "
               "KV cache take (default 0.3)")
+    _add(grpo, "--vllm-sync-dir", metavar="DIR",
+         help="with --rollout-engine vllm-server:...: the directory the synced weights or adapter are written to "
+              "for the server to load (default: a temporary one; a server on another machine needs a shared one)")
     _add(grpo, "--vllm-sleep", action="store_true", default=None,
          help="with --rollout-engine vllm on a GPU: the engine sleeps through each update (weights offloaded to "
               "CPU memory, KV cache freed) and wakes for the weight sync (vLLM's sleep mode; not on the CPU build)")

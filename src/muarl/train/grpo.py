@@ -120,6 +120,9 @@ class GRPOConfig(RunSettings):
     # with vllm on a GPU: the engine sleeps through each update (vLLM's sleep mode, level 1: weights offloaded to
     # CPU memory, KV cache freed) and wakes before the weight sync, so the update has the GPU to itself
     vllm_sleep: bool = False
+    # with vllm-server: where the weights / adapters the server loads are written (None: a temporary directory,
+    # which serves a server on this machine; one on another machine needs a directory both can read)
+    vllm_sync_dir: str | None = None
     save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
 
     def __post_init__(self) -> None:
@@ -144,6 +147,9 @@ class GRPOConfig(RunSettings):
             raise ValueError(f"--rollout-engine must be hf, vllm or {SERVER}URL#MODEL, not {self.rollout_engine!r}")
         if self.vllm_sleep and self.rollout_engine != "vllm":
             raise ValueError("--vllm-sleep puts an engine in this process to sleep: it needs --rollout-engine vllm")
+        if self.vllm_sync_dir is not None and not self.rollout_engine.startswith(SERVER):
+            raise ValueError(f"--vllm-sync-dir is where a vLLM server reads synced weights: it needs "
+                             f"--rollout-engine {SERVER}URL#MODEL")
         if not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
         if self.user_http_timeout is not None and self.user_http_timeout <= 0:

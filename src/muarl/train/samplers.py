@@ -170,7 +170,7 @@ def server_policy(config: Any) -> Any:
     url, name = server_endpoint(config.rollout_engine)
     try:
         return VLLMServerPolicy(url, name, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
-                                seed=config.seed, tokenizer=config.model)
+                                seed=config.seed, tokenizer=config.model, sync_dir=config.vllm_sync_dir)
     except ServerError as err:
         raise ValueError(f"--rollout-engine {config.rollout_engine!r}: {err}") from None
 
