@@ -79,10 +79,10 @@ class VLLMSampler:
                    sleep: bool = False, **engine_options: Any) -> VLLMSampler:
         """One in-process engine started on the run's base checkpoint; ``engine_options`` go to the engine
         (``dtype``, ``kv_cache_gib``, vLLM engine arguments)."""
-        if sleep:
-            engine_options["enable_sleep_mode"] = True
         from muarl.policies.vllm import VLLMPolicy
 
+        if sleep:
+            engine_options["enable_sleep_mode"] = True
         if lora_rank > 0:
             engine_options.setdefault("max_lora_rank", max(16, lora_rank))
         engine_policy = VLLMPolicy(base, temperature=temperature, max_new_tokens=max_new_tokens,
