@@ -172,3 +172,55 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_old_ones_are_pruned(tm
     assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 4]
     state = json.loads((tmp_path / "checkpoints" / "step_4" / "state.json").read_text())
     assert state["step"] == 4 and state["world_size"] == 1
+
+
+def test_a_resume_whose_data_changed_is_refused_and_its_checkpoints_kept(tmp_path, sft_data, capsys):
+    """``provenance.json`` records muarl's version and a sha256 of every data file at the start; a resume
+    after the file changed under the same path is refused in one line, and the run is left as it was."""
+    import hashlib
+    import shutil
+
+    from muarl.cli import main
+
+    data = tmp_path / "data.jsonl"
+    shutil.copy(sft_data, data)
+    out = tmp_path / "run"
+    argv = ["sft", "--preset", "tiny", "--data", str(data), "--out", str(out), "--epochs", "1", "--batch-size", "3",
+            "--save-every", "1", "--keep-checkpoints", "0", "--no-progress"]
+    assert main(argv) == 0
+    record = json.loads((out / "provenance.json").read_text())
+    assert record["inputs"]["data"] == {str(data): hashlib.sha256(data.read_bytes()).hexdigest()}
+    assert record["muarl"]["version"]
+    assert main(argv) == 0  # the same data: resumes (from its last step)
+    saved = {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()}
+    capsys.readouterr()
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:-1]))  # one conversation fewer
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "inputs changed since it started (data." in err, err
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()} == saved
+    assert json.loads((out / "provenance.json").read_text()) == record
+
+
+def test_a_grpo_resume_whose_domain_data_changed_is_refused(tmp_path, monkeypatch, capsys):
+    """GRPO records its domain's provenance (a bridge's package version and data digest, through the public
+    ``Domain.provenance`` hook) and refuses to resume when it changed."""
+    import dataclasses
+
+    from muarl import domain as domain_module
+    from muarl.cli import main
+    from train_fixtures import coin
+
+    release = {"data_sha256": "a" * 64}
+    monkeypatch.setitem(domain_module._REGISTRY, "versioned_coin",
+                        dataclasses.replace(coin, name="versioned_coin", provenance=lambda: dict(release)))
+    out = tmp_path / "run"
+    argv = ["grpo", "--preset", "tiny", "--domain", "versioned_coin", "--steps", "1", "--tasks-per-step", "1",
+            "--group-size", "2", "--max-new-tokens", "8", "--max-turns", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert json.loads((out / "provenance.json").read_text())["inputs"] == {"domain": release}
+    capsys.readouterr()
+    release["data_sha256"] = "b" * 64
+    assert main([*argv[:-3], "--steps", "2", *argv[-3:]]) == 2  # more steps: would resume, but the data moved
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "domain.data_sha256: aaaaaaaaaaaa... -> bbbbbbbbbbbb..." in err, err

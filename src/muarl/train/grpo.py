@@ -31,6 +31,7 @@ from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
 from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.faults import require_unfaulted
+from muarl.provenance import domain_record
 from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig, RolloutEngine
 from muarl.train import RunSettings, autocast, from_preset
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
@@ -493,10 +494,11 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     if config.rollout_engine.startswith(SERVER) and dist.world > 1:
         raise ValueError(f"--rollout-engine {SERVER}URL#MODEL runs in one training process only: every rank "
                          "would sync the same server (use --rollout-engine vllm, one engine per rank)")
-    run = open_run(config, dist)
+    domain = get_domain(config.domain)
+    # a bridged domain's record names its package version and a digest of the data files it read
+    run = open_run(config, dist, {"domain": domain_record(domain)})
     model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
     model.eval()
-    domain = get_domain(config.domain)
     user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
     episode = config.episode_config()  # as the paper trains: required outputs not graded
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,

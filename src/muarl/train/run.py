@@ -12,6 +12,7 @@ the steps compute (model, data, learning rate, seeds ...), naming the fields; on
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -20,6 +21,8 @@ from typing import Any
 
 import torch
 
+import muarl
+from muarl.provenance import flatten, muarl_commit
 from muarl.train.checkpoint import checkpoints_dir, choose_resume, remove_partial, set_aside
 from muarl.train.distributed import Dist
 
@@ -32,6 +35,10 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
               "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout"}
 
 
+#: what a training run read, recorded at its start: muarl's version and commit, its inputs' digests
+PROVENANCE = "provenance.json"
+
+
 @dataclass
 class Run:
     """Where a run writes, and the checkpoint it resumes from (None on a fresh start)."""
@@ -41,8 +48,14 @@ class Run:
     start_step: int
 
 
-def open_run(config: Any, dist: Dist) -> Run:
-    """Decide fresh start or resume, check the config against the recorded one, record it, seed."""
+def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> Run:
+    """Decide fresh start or resume, check the config against the recorded one, record it, seed.
+
+    ``inputs``: what the run reads beyond its config, as digests (:func:`data_digests`, a domain's
+    provenance record). A fresh run writes them with muarl's version and commit to ``provenance.json``; a
+    resume refuses inputs that changed since (the same path with other contents would not reproduce the
+    run either), naming them, and leaves the checkpoints as they are."""
+    inputs = dict(inputs or {})
     out = Path(config.out)
     mode = getattr(config, "resume", None)
     choice = choose_resume(out) if mode is not False else None  # verifies: raises when none is intact
@@ -67,8 +80,20 @@ def open_run(config: Any, dist: Dist) -> Run:
             detail = "; ".join(f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in differ)
             raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "
                              "that run. Use another --out, or --no-resume to start over (deletes its checkpoints)")
+    if resume is not None and (out / PROVENANCE).exists():  # a run recorded before provenance.json: not checked
+        then = flatten(json.loads((out / PROVENANCE).read_text()).get("inputs", {}))
+        now = flatten(json.loads(json.dumps(inputs)))
+        changed = [f"{k}: {_short(then.get(k))} -> {_short(now.get(k))}" for k in sorted(set(then) | set(now))
+                   if then.get(k) != now.get(k)]
+        if changed:
+            raise ValueError(f"{out} holds a run whose inputs changed since it started ({'; '.join(changed)}); "
+                             "resuming it would not reproduce that run. Restore them, use another --out, or "
+                             "--no-resume to start over (deletes its checkpoints)")
     if dist.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
+        if resume is None:
+            record = {"muarl": {"version": muarl.__version__, "commit": muarl_commit()}, "inputs": inputs}
+            (out / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
         if dist.world > 1 and hasattr(config, "model"):  # build a cached alias (tiny, smollm2) once, not per rank
             from muarl.models import resolve
 
@@ -76,6 +101,27 @@ def open_run(config: Any, dist: Dist) -> Run:
     dist.barrier()
     torch.manual_seed(config.seed)
     return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
+
+
+def data_digests(paths: list[str]) -> dict[str, str]:
+    """``{path: sha256 of its contents}`` for the data files a run reads (a missing one: "missing", so that
+    the run's own clear error about it comes first)."""
+    digests = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                digests[str(path)] = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError:
+            digests[str(path)] = "missing"
+    return digests
+
+
+def _short(value: Any) -> str:
+    """A recorded value for a one-line message: digests cut to 12 characters, absent ones as "-"."""
+    if value is None:
+        return "-"
+    text = str(value)
+    return text[:12] + "..." if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else repr(value)
 
 
 def _defaults(config: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.packing import collate, plan_rows, token_loss
-from muarl.train.run import open_run
+from muarl.train.run import data_digests, open_run
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 from muarl.types import ToolSpec
@@ -163,7 +163,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     is False. Under ``accelerate launch`` each process packs and trains on its share of every batch."""
     check_report_to(config.report_to)
     dist = setup(config.device)
-    run = open_run(config, dist)
+    run = open_run(config, dist, {"data": data_digests(config.data)})
     model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)
     model.train()
     records = load_records(config.data, tokenizer)
