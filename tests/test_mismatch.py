@@ -251,3 +251,35 @@ def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path
     for (_, at_rollout), (_, at_release), (_, at_sync) in (events[0:3], events[3:6]):
         assert at_release == at_rollout and at_sync != at_release  # the update ran between release and sync
     assert events[3][1] == events[2][1]  # step 2 rolls out on the weights step 1 synced
+
+
+def test_a_rollout_engine_on_other_weights_is_warned_once(tmp_path, monkeypatch, capsys):
+    """An engine that samples from other weights than the trainer's (a server on another checkpoint, a sync
+    that did not happen) makes every step off-policy: the run says so once, in one line, and goes on. The
+    other weights are real: muarl's own engine on a copy of the model with noised weights, never synced.
+    A run whose engine is the trainer's model says nothing."""
+    from muarl.train import grpo as grpo_module
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.samplers import HFSampler
+
+    def config(out):
+        return preset("tiny", out=str(out), domain="train_fixtures:coin", steps=2, tasks_per_step=2, group_size=4,
+                      max_new_tokens=8, max_turns=2, lr=1e-3, kl_beta=0.0, save_every=0)
+
+    train_grpo(config(tmp_path / "same"), progress=False)
+    assert "warning" not in capsys.readouterr().err
+
+    def elsewhere(config, model, tokenizer):
+        other = copy.deepcopy(model).requires_grad_(False)
+        generator = torch.Generator().manual_seed(0)
+        for p in other.parameters():
+            p.add_(0.5 * p.std() * torch.randn(p.shape, generator=generator))
+        return HFSampler(other, tokenizer, config.temperature, config.max_new_tokens)
+
+    monkeypatch.setattr(grpo_module, "make_sampler", elsewhere)
+    result = train_grpo(config(tmp_path / "other"), progress=False)
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("muarl: warning:")]
+    assert len(warnings) == 1 and "is the engine serving --model's weights?" in warnings[0], err
+    assert all(m["mismatch_outside"] > 0.1 for m in result["metrics"] if m["trained_sequences"])
+    print(warnings[0])

@@ -23,6 +23,19 @@ import torch
 #: a token is "outside" when its trainer / sampler probability ratio is below LOW or above HIGH
 LOW, HIGH = 0.5, 2.0
 
+#: a share of tokens outside [LOW, HIGH] above which a run is warned: sampler and trainer are no longer
+#: two implementations of one policy but two policies (an engine serving another checkpoint, a failed sync)
+WARN_OUTSIDE = 0.1
+
+
+def mismatch_warning(step: int, kl: float, outside: float) -> str | None:
+    """The one-line warning of a step whose sampler and trainer disagree beyond numerics, or None."""
+    if outside <= WARN_OUTSIDE:
+        return None
+    return (f"muarl: warning: grpo step {step}: the rollout engine's log-probs disagree with the trainer's "
+            f"(mismatch_kl {kl:.3g}, {outside:.0%} of tokens with a probability ratio outside [{LOW:g}, {HIGH:g}]): "
+            "is the engine serving --model's weights? Rollouts are off-policy; --tis-cap corrects only small gaps")
+
 
 def mismatch_sums(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
     """(summed k3 KL(sampler || trainer), tokens with ratio outside [LOW, HIGH], tokens) over ``mask``.

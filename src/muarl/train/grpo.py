@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from rich.console import Console
 
 from muarl.algorithms import LossBatch, get_algorithm, informative_groups
 from muarl.algorithms.common import k3_kl
-from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
+from muarl.algorithms.mismatch import mismatch_sums, mismatch_warning, truncated_is_weights
 from muarl.domain import get_domain
 from muarl.factory import make_user
 from muarl.faults import require_unfaulted
@@ -517,6 +518,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     try:
         # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
         cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
+        warned = False
         for step in range(run.start_step, config.steps):
             began = time.perf_counter()
             model.eval()
@@ -548,6 +550,10 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
                                                             dist, totals)
                 stats["sync_s"] = sampler.sync(model)
+                warning = mismatch_warning(step + 1, stats.get("mismatch_kl", 0.0), stats.get("mismatch_outside", 0.0))
+                if warning and dist.main and not warned:  # once per run: every later step would say it again
+                    print(warning, file=sys.stderr)
+                    warned = True
             if dist.main:
                 _write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
