@@ -98,3 +98,22 @@ def test_the_stream_slips_at_its_rate_and_first_chunk_moves_it_to_other_database
     later = ConversationStream(PretrainConfig(chunk_tasks=40, first_chunk=7), tmp_path / "later")
     assert not {r["user_id"] for r in later.records(0, 30)} >= {r["user_id"] for r in clean}
     assert sorted(p.name for p in (tmp_path / "later").glob("chunk_*")) == ["chunk_000007.jsonl"]
+
+
+def test_synth_slip_rate_writes_weight_0_turns_and_needs_the_expert(tmp_path: Path, capsys) -> None:
+    """``muarl synth --slip-rate``: the expert teacher slips, and the data set keeps each slipped message
+    with ``"weight": 0``; a teacher that cannot slip is refused in one line, before anything is written."""
+    from muarl.cli import main
+
+    out = tmp_path / "slips"
+    assert main(["synth", "--domain", "retail", "--slip-rate", "1", "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in (out / "sft.jsonl").read_text().splitlines()]
+    slipped = [line for line in lines if any(m.get("weight") == 0 for m in line["messages"])]
+    assert len(slipped) == len(lines) > 0  # at rate 1 every kept conversation has a slip
+    assert json.loads((out / "config.json").read_text())["slip_rate"] == 1
+    capsys.readouterr()
+    assert main(["synth", "--domain", "retail", "--teacher", "noop", "--slip-rate", "0.5",
+                 "--out", str(tmp_path / "noop")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "--slip-rate makes the expert teacher slip; the teacher is 'noop'" in err
+    assert not (tmp_path / "noop").exists()

@@ -177,13 +177,20 @@ def _synth_cmd(args: argparse.Namespace) -> int:
     names = BUILTIN if args.domain == ["all"] else args.domain
     domains = [get_domain(n) for n in names]
     teacher = make_policy(args.teacher, temperature=args.temperature, seed=args.seed)
+    if args.slip_rate:
+        from muarl.policies.expert import ExpertPolicy
+
+        if not isinstance(teacher, ExpertPolicy):
+            raise ValueError(f"--slip-rate makes the expert teacher slip; the teacher is {args.teacher!r}")
+        teacher = ExpertPolicy(skip_confirmation=teacher.skip_confirmation, slip_rate=args.slip_rate)
     user = make_user(args.user, http_timeout=args.user_http_timeout, max_tokens=args.user_max_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # what was used, as given (module:attr for a plug-in), so `muarl view OUT` finds the tasks again
     (out / "config.json").write_text(json.dumps({"command": "synth", "domains": names, "teacher": args.teacher,
                                                  "user": args.user, "split": args.split, "n": args.n,
-                                                 "seed": args.seed, "min_kept": args.min_kept}, indent=1) + "\n")
+                                                 "seed": args.seed, "min_kept": args.min_kept,
+                                                 "slip_rate": args.slip_rate}, indent=1) + "\n")
     report = synthesize(domains, teacher, user, out, split=args.split, n=args.n, families=args.families,
                         exclude=args.exclude_families, behaviours=args.behaviours,
                         exclude_behaviours=args.exclude_behaviours, seed=args.seed, concurrency=args.concurrency,
@@ -264,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-kept", type=float, default=0.5, metavar="FRACTION",
                    help="least share of episodes that must be clean wins; below it (or when the teacher or user "
                         "raised for a task) no data set is written and the command fails (default 0.5)")
+    p.add_argument("--slip-rate", type=float, default=0.0, metavar="P",
+                   help="expert teacher: chance that it mistypes its identity lookup (then asks again), and again "
+                        "that it mistypes a proposal (then proposes again); the wrong message is kept with "
+                        "\"weight\": 0, as context without loss (default 0; docs/base_model.md)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
