@@ -100,19 +100,30 @@ def test_the_stream_slips_at_its_rate_and_first_chunk_moves_it_to_other_database
     assert sorted(p.name for p in (tmp_path / "later").glob("chunk_*")) == ["chunk_000007.jsonl"]
 
 
-def test_synth_slip_rate_writes_weight_0_turns_and_needs_the_expert(tmp_path: Path, capsys) -> None:
-    """``muarl synth --slip-rate``: the expert teacher slips, and the data set keeps each slipped message
-    with ``"weight": 0``; a teacher that cannot slip is refused in one line, before anything is written."""
+@pytest.mark.parametrize(("domain", "lookup"), [("retail", "find_user_id_by_"), ("airline", "get_user_details"),
+                                              ("telecom", "get_customer_by_phone")])
+def test_synth_slip_rate_writes_weight_0_turns_and_needs_the_expert(tmp_path: Path, capsys, domain: str,
+                                                                    lookup: str) -> None:
+    """``muarl synth --slip-rate``: the expert teacher slips in every domain, its identity lookup first (a
+    mistyped lookup that finds nothing, then the right one on the same tool), and the data set keeps each
+    slipped message with ``"weight": 0``; a teacher that cannot slip is refused in one line, before
+    anything is written."""
     from muarl.cli import main
 
     out = tmp_path / "slips"
-    assert main(["synth", "--domain", "retail", "--slip-rate", "1", "--out", str(out)]) == 0
+    assert main(["synth", "--domain", domain, "--slip-rate", "1", "--out", str(out)]) == 0
     lines = [json.loads(line) for line in (out / "sft.jsonl").read_text().splitlines()]
     slipped = [line for line in lines if any(m.get("weight") == 0 for m in line["messages"])]
     assert len(slipped) == len(lines) > 0  # at rate 1 every kept conversation has a slip
+    for line in lines:
+        calls = [(i, c["function"]["name"], c["function"]["arguments"]) for i, m in enumerate(line["messages"])
+                 for c in m.get("tool_calls") or []]
+        (first, name, wrong), (_, again, right) = calls[0], calls[1]
+        assert line["messages"][first].get("weight") == 0 and name.startswith(lookup) and again == name
+        assert wrong != right and line["messages"][first + 1]["content"].startswith("Error")
     assert json.loads((out / "config.json").read_text())["slip_rate"] == 1
     capsys.readouterr()
-    assert main(["synth", "--domain", "retail", "--teacher", "noop", "--slip-rate", "0.5",
+    assert main(["synth", "--domain", domain, "--teacher", "noop", "--slip-rate", "0.5",
                  "--out", str(tmp_path / "noop")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "--slip-rate makes the expert teacher slip; the teacher is 'noop'" in err

@@ -168,6 +168,13 @@ class TeacherSession(PolicySession):
         yield Message(role="assistant", content="", tool_calls=[call])
         return self.output
 
+    def identify(self, name: str, arguments: Mapping[str, Any], again: str) -> Script:
+        """The identity lookup (parsed as :meth:`lookup`), after a slip with chance ``slip_rate``: a mistyped
+        lookup first, then saying so and asking again (``again``), then the right one."""
+        if (yield from self.slip(name, arguments)) is not None:
+            yield from self.say(again)
+        return (yield from self.lookup(name, arguments))
+
     def lookup(self, name: str, arguments: Mapping[str, Any]) -> Script:
         """A read call whose JSON output is parsed (None on an error)."""
         out = yield from self.call(name, arguments)

@@ -3,7 +3,8 @@
 It finds the user's profile, looks reservations and fares up, works out fare differences, free bag
 allowances and refunds from its own tool results, refuses what the policy forbids (basic economy
 changes, cancellations outside the allowed cases, compensation nobody qualifies for), proposes the exact
-write and waits for an explicit yes (:class:`~muarl.policies.script.TeacherSession`).
+write and waits for an explicit yes (:class:`~muarl.policies.script.TeacherSession`). With a
+``slip_rate`` its profile lookup may first be mistyped, then asked again (``TeacherSession.identify``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class AirlineTeacher(TeacherSession):
     def script(self) -> Script:
         uid = self.known.get("user_id", "")
         ok = yield from self.need([uid], "I'd be glad to help. Could you please give me your user id?")
-        user = (yield from self.lookup("get_user_details", {"user_id": uid})) if ok else None
+        again = "I could not find a profile with that user id. Could you please give me your user id again?"
+        user = (yield from self.identify("get_user_details", {"user_id": uid}, again)) if ok else None
         if user is None:
             yield from self.say("I'm sorry, I could not find your profile, so I can't help with this request.")
             return

@@ -3,7 +3,8 @@
 Dual control: after finding the customer by phone number it diagnoses by asking the user to read their
 phone, instructs one phone step at a time (:data:`STEP_WORDS`) and waits for each report, and makes the
 account-side writes (refuel, roaming, plan, suspension, payment request, resume) only after proposing
-them and hearing an explicit yes (:class:`~muarl.policies.script.TeacherSession`).
+them and hearing an explicit yes (:class:`~muarl.policies.script.TeacherSession`). With a ``slip_rate``
+its account lookup may first be mistyped, then asked again (``TeacherSession.identify``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class TelecomTeacher(TeacherSession):
         phone = k["phone_number"]
         ok = yield from self.need([phone], "I'm happy to help. To find your account, could you please give me the "
                                            "phone number of your line?")
-        self.customer = (yield from self.lookup("get_customer_by_phone", {"phone_number": phone})) if ok else None
+        again = "I could not find an account with that number. Could you please give me the phone number again?"
+        self.customer = (yield from self.identify("get_customer_by_phone", {"phone_number": phone}, again)) if ok else None
         if self.customer is None:
             yield from self.say("I'm sorry, I could not find your account, so I can't make changes.")
             return
