@@ -29,8 +29,9 @@ class ExpertPolicy(Policy):
     ``slip_rate``: the chance that a teacher mistypes one value of an identity lookup, and (once more) of a
     proposal, then recovers (asks again and looks up again; proposes again and waits for a yes;
     :meth:`TeacherSession.slip`, :meth:`TeacherSession.confirm_write`), for a cold start that has seen
-    what follows a failed lookup or a corrected proposal. Lookups slip only in a domain teacher that
-    calls ``slip``; proposals in every teacher that confirms through ``confirm_write``.
+    what follows a failed lookup or a corrected proposal. Lookups slip in the domain teachers that call
+    ``slip`` or ``identify`` (retail, airline, telecom); proposals in every teacher that confirms through
+    ``confirm_write``.
     """
 
     name = "expert"
