@@ -30,7 +30,7 @@ class ExpertPolicy(Policy):
     proposal, then recovers (asks again and looks up again; proposes again and waits for a yes;
     :meth:`TeacherSession.slip`, :meth:`TeacherSession.confirm_write`), for a cold start that has seen
     what follows a failed lookup or a corrected proposal. Lookups slip in the domain teachers that call
-    ``slip`` or ``identify`` (retail, airline, telecom); proposals in every teacher that confirms through
+    ``slip`` or ``identify`` (all three built-in ones do); proposals in every teacher that confirms through
     ``confirm_write``.
     """
 
