@@ -650,6 +650,45 @@ def test_one_server_is_the_rollout_engine_and_a_frozen_llm_user(vllm_server, tmp
         assert said and opening.text == said, (opening.text, said)
 
 
+def test_a_server_on_another_checkpoint_is_refused_before_the_first_step(vllm_server, tmp_path):
+    """A LoRA run trains an adapter on the server's base checkpoint: when that is not --model's (here the
+    server serves the tiny model and --model is a copy with noised weights), the run is refused in one line
+    after the first sync, before a step trains on another policy's episodes: no metrics, no rollouts, no
+    checkpoint, and the server is left as it was (the adapter unloaded, the base answering)."""
+    from muarl.models import load
+    from muarl.policies.vllm import LORA_NAME
+    from muarl.policies.vllm_server import ServerError
+    from muarl.train.grpo import preset, train_grpo
+
+    other, tokenizer = load("tiny")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5 * p.std() * torch.randn(p.shape, generator=generator))
+    other.save_pretrained(tmp_path / "other")
+    tokenizer.save_pretrained(tmp_path / "other")
+    config = preset("tiny", model=str(tmp_path / "other"), out=str(tmp_path / "run"), domain="train_fixtures:coin",
+                    steps=1, tasks_per_step=2, group_size=2, max_new_tokens=8, max_turns=2, lora_r=4, lora_alpha=8,
+                    save_every=0, rollout_engine=f"vllm-server:{vllm_server}/v1#tiny")
+    with pytest.raises(ValueError, match="does not serve --model's weights") as refused:
+        train_grpo(config, progress=False)
+    message = str(refused.value)
+    print(message)
+    assert "\n" not in message and "LoRA" in message
+    run = tmp_path / "run"
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip()
+    assert not (run / "rollouts").exists()
+    assert not (run / "checkpoints").exists() and not (run / "model").exists()
+    probe = _server_policy(vllm_server)
+    try:
+        ids = probe.tokenizer.encode("Hello.")
+        with pytest.raises(ServerError, match="HTTP 404"):
+            _engine_scores(probe, ids, LORA_NAME)
+        assert torch.allclose(_engine_scores(probe, ids), _trainer_scores(load("tiny")[0], ids), atol=TOLERANCE)
+    finally:
+        probe.close()
+
+
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
     _grpo_keeps_the_engine_in_step(tmp_path, lora_r, "vllm")

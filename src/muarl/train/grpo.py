@@ -516,6 +516,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     console = Console() if progress and dist.main else None
     sampler = make_sampler(config, model, tokenizer)
     try:
+        sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
         # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
         cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
         warned = False

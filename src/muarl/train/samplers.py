@@ -13,12 +13,21 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+import torch
+
 from muarl.policies.base import Policy
+
+#: how many of the opening prompt's last positions :meth:`VLLMSampler.check` compares (the trainer builds
+#: a vocabulary-sized row of logits for each; the system turn of a tau2 domain is thousands of tokens)
+PROBE_TOKENS = 256
 
 
 class Sampler(Protocol):
     def policy(self, seed: int) -> Policy:
         """The policy one batch of a step samples with; its episodes' draws depend on ``seed`` and the task."""
+
+    def check(self, model: Any, domain: Any) -> None:
+        """Before the first step: refuse (ValueError, one line) a sampler that does not sample ``model``."""
 
     def release(self) -> None:
         """Before an update: give back what the update needs more (an engine's GPU memory) until ``sync``."""
@@ -46,6 +55,9 @@ class HFSampler:
         # resumed run samples what an uninterrupted one would have sampled
         return HFPolicy((causal_lm(self.model), self.tokenizer), temperature=self.temperature,
                         max_new_tokens=self.max_new_tokens, seed=seed)
+
+    def check(self, model: Any, domain: Any) -> None:
+        pass  # it samples with the trainer's own model object
 
     def release(self) -> None:
         pass
@@ -92,6 +104,39 @@ class VLLMSampler:
     def policy(self, seed: int) -> Policy:
         self.engine_policy.seed = seed  # the episodes' seeds derive from it (and the task), as HFPolicy's do
         return self.engine_policy
+
+    def check(self, model: Any, domain: Any) -> None:
+        """Refuse an engine that, synced, still does not sample ``model``: its teacher-forced log-probs of the
+        run's opening prompt (``domain``'s system turn, which every episode starts with, and a greeting)
+        against the trainer's, on the last :data:`PROBE_TOKENS` positions. The sync makes them agree up to
+        numerics unless the engine serves another base checkpoint than ``--model`` (a LoRA run trains an
+        adapter on the engine's base) or did not take the weights (a full fine-tuning run); the mismatch
+        warning of later steps would say so only after a step trained on another policy's episodes."""
+        import asyncio
+
+        from muarl.algorithms.mismatch import HIGH, LOW, WARN_OUTSIDE, mismatch_sums
+        from muarl.train.grpo import sequence_logprobs
+        from muarl.types import Message
+
+        policy = self.engine_policy
+        ids = policy.chat_format(domain).prompt_ids([Message(role="system", content=domain.policy),
+                                                     Message(role="user", content="Hello.")])
+        scored = asyncio.run(policy.engine.generate(ids, policy.engine.score_params(), policy.lora)).prompt_logprobs
+        mask = [int(p >= max(1, len(ids) - PROBE_TOKENS)) for p in range(len(ids))]
+        engine = torch.tensor([0.0 if v is None else v for v in scored or []], dtype=torch.float64)
+        if engine.shape[0] != len(ids):
+            raise ValueError(f"{policy.name}: the engine returned {engine.shape[0]} prompt log-probs for a "
+                             f"{len(ids)}-token prompt")
+        with torch.no_grad():
+            trainer, _ = sequence_logprobs(model, ids, 1.0, mask)
+        kl, outside, tokens = mismatch_sums(trainer.double().cpu(), engine, torch.tensor(mask))
+        if outside / tokens > WARN_OUTSIDE:
+            cause = ("a LoRA run trains an adapter on the engine's base checkpoint, which must be --model's"
+                     if self.lora else "the engine did not take the trainer's weights")
+            raise ValueError(f"{policy.name}: the engine's log-probs of the run's opening prompt disagree with the "
+                             f"trainer's after the weight sync (mismatch_kl {kl / tokens:.3g}, {outside / tokens:.0%} "
+                             f"of {tokens:.0f} tokens with a probability ratio outside [{LOW:g}, {HIGH:g}]): it does "
+                             f"not serve --model's weights ({cause})")
 
     def release(self) -> None:
         if self.sleep and not self.asleep:
