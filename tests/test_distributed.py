@@ -51,3 +51,20 @@ def test_two_processes_keep_identical_weights_and_match_one_process(tmp_path):
     one_lines = (tmp_path / "single" / "sft" / "metrics.jsonl").read_text().splitlines()
     assert len(two_lines) == len(one_lines) == 1
     assert json.loads(two_lines[0])["loss"] == pytest.approx(json.loads(one_lines[0])["loss"], rel=1e-5)
+
+
+def test_two_processes_against_one_rollout_server_are_refused_in_one_line(tmp_path):
+    """``--rollout-engine vllm-server:URL#MODEL`` under ``accelerate launch`` with two processes: every
+    rank would push its weights into the one server, so the run is refused on each rank in one line,
+    before any server is contacted (the URL here has none behind it) and before the run directory exists."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--module", "muarl",
+           "grpo", "--model", "tiny", "--domain", "retail-lite", "--out", str(out), "--steps", "1",
+           "--rollout-engine", "vllm-server:http://127.0.0.1:9/v1#tiny", "--lora-r", "4"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("muarl: error:")]
+    assert len(errors) == 2 and all("runs in one training process only" in line for line in errors), done.stderr[-3000:]
+    assert "muarl/" not in done.stderr  # no frame of muarl's own (the launcher reports its children's exit)
+    assert not out.exists()

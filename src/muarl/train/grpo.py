@@ -490,11 +490,11 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     rank 0 writes files.
     """
     check_report_to(config.report_to)
-    check_rollout_engine(config)  # no vLLM, no server: one line before the run directory exists
     dist = setup(config.device)
     if config.rollout_engine.startswith(SERVER) and dist.world > 1:
         raise ValueError(f"--rollout-engine {SERVER}URL#MODEL runs in one training process only: every rank "
                          "would sync the same server (use --rollout-engine vllm, one engine per rank)")
+    check_rollout_engine(config)  # no vLLM, no server: one line before the run directory exists
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read
     run = open_run(config, dist, {"domain": domain_record(domain)})
