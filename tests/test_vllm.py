@@ -692,3 +692,34 @@ def test_a_server_on_another_checkpoint_is_refused_before_the_first_step(vllm_se
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
     _grpo_keeps_the_engine_in_step(tmp_path, lora_r, "vllm")
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_a_resumed_run_starts_its_engine_on_the_checkpoint(tmp_path, lora_r):
+    """A run stopped after step 1 and resumed: its new engine starts on the base checkpoint and is synced to
+    the saved step's weights before it samples, so the resumed step is on-policy (float noise) although
+    step 1's update moved the policy away from the base (the control: the step's tokens under the base)."""
+    import json
+
+    from muarl.models import load
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.types import Trajectory
+
+    def config(steps: int):
+        return preset("tiny", out=str(tmp_path), domain="train_fixtures:coin", steps=steps, tasks_per_step=2,
+                      group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2 if lora_r else 1e-3, kl_beta=0.0,
+                      rollout_engine="vllm", lora_r=lora_r, lora_alpha=8, save_every=1)
+
+    train_grpo(config(1), progress=False)
+    train_grpo(config(2), progress=False)  # resumes from checkpoints/step_1
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2], metrics
+    assert metrics[1]["mismatch_kl"] < 1e-6 and metrics[1]["mismatch_outside"] == 0.0, metrics[1]
+    base, _ = load("tiny")
+    resumed = [Trajectory.model_validate_json(line)
+               for line in (tmp_path / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    moved = max(float((torch.tensor(t.logprobs) - _trainer_scores(base, t.token_ids))[
+        torch.tensor(t.loss_mask, dtype=torch.bool)].abs().max()) for t in resumed)
+    print(f"rank {lora_r}: resumed step's mismatch KL {metrics[1]['mismatch_kl']:.1e}; its tokens moved up to "
+          f"{moved:.3f} from the base's log-probs")
+    assert moved > 0.01
