@@ -87,3 +87,48 @@ def test_lora_grpo_runs_saves_the_adapter_and_a_merged_model(tmp_path, monkeypat
     differ = [n for (n, a), (_, b) in zip(merged.named_parameters(), base.named_parameters(), strict=True)
               if not torch.equal(a, b)]
     assert differ and all("proj" in n for n in differ)  # the adapter folded into the linear layers only
+
+
+def _logits(model, text: str = "Hi, I want to cancel order #W1234567, please.") -> torch.Tensor:
+    ids = torch.tensor([load("tiny")[1].encode(text)])
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_an_adapter_directory_loads_as_its_merged_model_and_trains_on(tmp_path):
+    """``--no-merge-lora`` leaves only ``OUT/adapter``: it loads (``hf:OUT/adapter``) as the model the
+    run's merged ``OUT/model`` is; a LoRA run started from it trains a second adapter whose config names
+    the first as its base, and that loads as its own merged model (base + first + second adapter). An
+    adapter whose base is not here is one line naming the file to fix."""
+    from muarl.factory import make_policy
+    from muarl.models import checkpoint_root, resolve
+
+    first = preset("tiny", domain="train_fixtures:coin", out=str(tmp_path / "first"), steps=1, tasks_per_step=2,
+                   group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2, lora_r=4, save_every=0)
+    train_grpo(first, progress=False)
+    adapter = tmp_path / "first" / "adapter"
+    merged = _logits(load(tmp_path / "first" / "model")[0])
+    assert torch.allclose(_logits(load(adapter)[0]), merged, atol=1e-5)
+    assert torch.allclose(_logits(make_policy(f"hf:{adapter}").model), merged, atol=1e-5)  # --policy hf:OUT/adapter
+    assert not torch.allclose(_logits(load(adapter)[0]), _logits(load("tiny")[0]), atol=1e-3)
+    with pytest.raises(FileNotFoundError, match="is a LoRA adapter, not a whole checkpoint"):
+        resolve(adapter)
+    assert checkpoint_root(adapter) == resolve("tiny")
+
+    second = preset("tiny", model=str(adapter), domain="train_fixtures:coin", out=str(tmp_path / "second"), steps=1,
+                    tasks_per_step=2, group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2, lora_r=4, save_every=0)
+    train_grpo(second, progress=False)
+    config = json.loads((tmp_path / "second" / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(adapter.resolve())
+    chained = _logits(load(tmp_path / "second" / "adapter")[0])
+    assert torch.allclose(chained, _logits(load(tmp_path / "second" / "model")[0]), atol=1e-5)
+    assert not torch.allclose(chained, _logits(load(adapter)[0]), atol=1e-3)  # the second adapter moved it
+    assert checkpoint_root(tmp_path / "second" / "adapter") == resolve("tiny")
+
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    (lost / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="is a LoRA adapter of .*gone, which is not a checkpoint directory "
+                       "here: set base_model_name_or_path in"):
+        load(lost)

@@ -540,6 +540,50 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
     assert largest > 0.05
 
 
+# -- a LoRA adapter directory (OUT/adapter of a --no-merge-lora run) -------------------------------------
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory):
+    """A rank-4 adapter on the tiny model with non-zero weights (peft's random init of both matrices),
+    saved as muarl saves ``OUT/adapter``: adapter and tokenizer."""
+    from peft import LoraConfig, get_peft_model
+
+    from muarl.models import load
+
+    model, tokenizer = load("tiny")
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                  init_lora_weights=False))
+    path = tmp_path_factory.mktemp("adapter")
+    peft_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_vllm_serves_an_adapter_directory_as_its_merged_model(adapter_dir, tmp_path):
+    """``--policy vllm:OUT/adapter``: the engine starts on the adapter's base and serves the adapter on it;
+    its log-probs equal the trainer's on the merged model (which differs from the base). An adapter
+    trained on top of another is refused in one line (vLLM serves one adapter on a whole checkpoint)."""
+    import json
+
+    from muarl.models import load
+    from muarl.policies.vllm import VLLMPolicy
+
+    merged = load(adapter_dir)[0]
+    policy = VLLMPolicy(adapter_dir, temperature=1.0, max_new_tokens=16, seed=1)
+    try:
+        ids = policy.tokenizer.encode("Hi, I would like to return the shoes from my last order, please.")
+        served = _engine_scores(policy, ids, policy.lora)
+        assert policy.provenance()["adapter"] == str(adapter_dir)
+    finally:
+        policy.close()
+    assert torch.allclose(served, _trainer_scores(merged, ids), atol=TOLERANCE)
+    assert not torch.allclose(served, _trainer_scores(load("tiny")[0], ids), atol=0.01)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(adapter_dir)}))
+    with pytest.raises(ValueError, match="trained on another adapter"):
+        VLLMPolicy(tmp_path)
+
+
 # -- muarl grpo --rollout-engine vllm / vllm-server:URL#MODEL --------------------------------------------
 def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str, **options) -> None:
     """Three GRPO steps whose rollouts ``engine`` samples: each later step's episodes come from the updated
@@ -692,6 +736,12 @@ def test_a_server_on_another_checkpoint_is_refused_before_the_first_step(vllm_se
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_grpo_rolls_out_through_vllm_and_keeps_its_weights_in_step(tmp_path, lora_r):
     _grpo_keeps_the_engine_in_step(tmp_path, lora_r, "vllm")
+
+
+def test_grpo_from_an_adapter_directory_keeps_the_engine_in_step(adapter_dir, tmp_path):
+    """A LoRA run from ``--model OUT/adapter`` trains a second adapter on the merged first: the engine starts
+    on the checkpoint beneath and is synced with merged full weights, so every step stays on-policy."""
+    _grpo_keeps_the_engine_in_step(tmp_path, 4, "vllm", model=str(adapter_dir))
 
 
 @pytest.mark.parametrize("lora_r", [0, 4])

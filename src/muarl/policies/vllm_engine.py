@@ -129,7 +129,8 @@ class VLLMEngine:
                           seed=seed, enable_prefix_caching=True, enforce_eager=enforce_eager,
                           # log-probs of the distribution actually sampled: after temperature (and top-p)
                           logprobs_mode="processed_logprobs", enable_lora=enable_lora,
-                          max_lora_rank=max_lora_rank if enable_lora else None, max_loras=1 if enable_lora else None,
+                          max_lora_rank=lora_rank_slot(max_lora_rank) if enable_lora else None,
+                          max_loras=1 if enable_lora else None,
                           disable_log_stats=True, **engine_args)
         args = _drop_none(args)
         self.engine = LLMEngine.from_engine_args(args)
@@ -333,6 +334,19 @@ class VLLMEngine:
     def _fail(items: Iterable[_Generate], err: BaseException) -> None:
         for item in items:
             item.deliver(err)
+
+
+#: the values vLLM accepts as ``max_lora_rank`` (vllm.config.lora.MaxLoRARanks)
+LORA_RANK_SLOTS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves an adapter of ``rank`` (at least 16, vLLM's
+    default); a rank above them all is a one-line ValueError."""
+    for slot in LORA_RANK_SLOTS:
+        if slot >= max(rank, 16):
+            return slot
+    raise ValueError(f"LoRA rank {rank}: vLLM serves adapters up to rank {LORA_RANK_SLOTS[-1]}")
 
 
 def cpu_build() -> bool:

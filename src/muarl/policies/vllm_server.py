@@ -347,14 +347,14 @@ class VLLMServerPolicy(VLLMPolicy):
 def _tokenizer_path(explicit: str | Path | None, root: str, model: str) -> Path:
     """The tokenizer to render episodes with: the one named, else the server's checkpoint directory if it
     is readable here, else ``model`` as a muarl alias or directory."""
-    from muarl.models import resolve
+    from muarl.models import tokenizer_dir
 
     if explicit is not None:
-        return resolve(explicit)
+        return tokenizer_dir(explicit)
     if (Path(root) / "config.json").exists():
         return Path(root)
     try:
-        return resolve(model)
+        return tokenizer_dir(model)
     except FileNotFoundError:
         raise ServerError(f"cannot find the tokenizer of {model!r}: the server's checkpoint {root} is not "
                           "readable here; pass tokenizer=PATH") from None

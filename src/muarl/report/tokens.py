@@ -24,10 +24,10 @@ def find_tokenizer(run_dir: Path, spec: str | None = None) -> tuple[Any | None, 
     """
     from transformers import AutoTokenizer
 
-    from muarl.models import resolve
+    from muarl.models import tokenizer_dir
 
     if spec:
-        return AutoTokenizer.from_pretrained(resolve(spec)), spec
+        return AutoTokenizer.from_pretrained(tokenizer_dir(spec)), spec
     candidates: list[str | Path] = []
     if (run_dir / "model" / "tokenizer_config.json").exists():
         candidates.append(run_dir / "model")
@@ -41,7 +41,7 @@ def find_tokenizer(run_dir: Path, spec: str | None = None) -> tuple[Any | None, 
             candidates.append(model)
     for candidate in candidates:
         try:
-            source = candidate if isinstance(candidate, Path) else resolve(candidate)
+            source = candidate if isinstance(candidate, Path) else tokenizer_dir(candidate)
             return AutoTokenizer.from_pretrained(source), str(candidate)
         except (OSError, ValueError):
             continue

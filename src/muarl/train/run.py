@@ -95,9 +95,9 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
             record = {"muarl": {"version": muarl.__version__, "commit": muarl_commit()}, "inputs": inputs}
             (out / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
         if dist.world > 1 and hasattr(config, "model"):  # build a cached alias (tiny, smollm2) once, not per rank
-            from muarl.models import resolve
+            from muarl.models import checkpoint_root
 
-            resolve(config.model)
+            checkpoint_root(config.model)
     dist.barrier()
     torch.manual_seed(config.seed)
     return Run(out, resume[1] if resume else None, resume[0] if resume else 0)

@@ -96,7 +96,7 @@ class VLLMSampler:
         if sleep:
             engine_options["enable_sleep_mode"] = True
         if lora_rank > 0:
-            engine_options.setdefault("max_lora_rank", max(16, lora_rank))
+            engine_options.setdefault("max_lora_rank", lora_rank)  # the engine rounds it up to a rank vLLM serves
         engine_policy = VLLMPolicy(base, temperature=temperature, max_new_tokens=max_new_tokens,
                                    enable_lora=lora_rank > 0, **engine_options)
         return cls(engine_policy, model, lora_rank > 0, sleep=sleep)
@@ -238,20 +238,26 @@ def check_rollout_engine(config: Any) -> None:
 
 
 def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
-    """The sampler ``config.rollout_engine`` names, for a GRPO run's ``model``."""
+    """The sampler ``config.rollout_engine`` names, for a GRPO run's ``model``.
+
+    A run whose ``--model`` is a LoRA adapter directory trains on that adapter merged into its base: the
+    engine starts on the whole checkpoint beneath and is synced with full (merged) weights, as an adapter
+    trained on top of the merged one cannot be served on that checkpoint."""
+    from muarl.models import adapter_base, checkpoint_root
+
+    lora = config.lora_r > 0 and adapter_base(config.model) is None
     if config.rollout_engine.startswith(SERVER):
-        return VLLMSampler(server_policy(config), model, lora=config.lora_r > 0)
+        return VLLMSampler(server_policy(config), model, lora=lora)
     if config.rollout_engine == "vllm":
         import torch
-
-        from muarl.models import resolve
 
         # the engine's precision follows the trainer's forwards: bf16 where they autocast to it (a GPU)
         cuda = torch.cuda.is_available()
         bf16 = config.bf16 if config.bf16 is not None else cuda
         # colocated with the trainer: vLLM's default (90% of the GPU for weights and KV cache) would starve it
         options = {"gpu_memory_utilization": config.vllm_gpu_memory} if cuda else {}
-        return VLLMSampler.in_process(str(resolve(config.model)), model, config.temperature, config.max_new_tokens,
-                                      lora_rank=config.lora_r, sleep=config.vllm_sleep,
+        return VLLMSampler.in_process(str(checkpoint_root(config.model)), model, config.temperature,
+                                      config.max_new_tokens, lora_rank=config.lora_r if lora else 0,
+                                      sleep=config.vllm_sleep,
                                       dtype="bfloat16" if bf16 else "float32", seed=config.seed, **options)
     return HFSampler(model, tokenizer, config.temperature, config.max_new_tokens)
