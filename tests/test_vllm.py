@@ -199,11 +199,10 @@ def test_the_vllm_spec_builds_a_policy_and_names_the_install_script_when_missing
 # (before the weight-sync tests: closing their in-process engines tears down vLLM's process-wide parallel
 # groups, after which the module's ``vllm_policy`` engine fails with "pipeline model parallel group is not
 # initialized")
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """A real vLLM OpenAI-compatible server on the tiny model (a free port, LoRA and dev-mode routes on),
-    started as :func:`server_command` says; its whole process group is killed at teardown."""
-    import signal
+def _launch_server(log_dir, port: int = 0):
+    """A real vLLM OpenAI-compatible server on the tiny model (on ``port``, or a free one; LoRA and
+    dev-mode routes on), started as :func:`server_command` says in a process group of its own; (process,
+    URL) once it is healthy."""
     import socket
     import subprocess
     import time
@@ -214,39 +213,57 @@ def vllm_server(tmp_path_factory):
     from muarl.policies.vllm_engine import cpu_build
     from muarl.policies.vllm_server import server_command
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
     argv, env = server_command(resolve("tiny"), port=port, served_name="tiny", max_lora_rank=8,
                                cpu_build=cpu_build())
     # the server's own engine process, as `vllm serve` runs it (this process runs its engine in-process)
     env = {**os.environ, **env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    log_path = log_dir / f"server-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     began, deadline = time.monotonic(), time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx2.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx2.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            _stop_server(proc)
+            pytest.fail(f"the vLLM server was not healthy after 180 s:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    print(f"vLLM server up in {time.monotonic() - began:.1f} s")
+    return proc, url
+
+
+def _stop_server(proc, sig=None) -> None:
+    """Stop a server's whole process group (``sig``: SIGTERM, then SIGKILL after 30 s)."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig or signal.SIGTERM)
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the vLLM server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx2.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server was not healthy after 180 s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        print(f"vLLM server up in {time.monotonic() - began:.1f} s")
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """The module's server on the tiny model; its whole process group is killed at teardown."""
+    proc, url = _launch_server(tmp_path_factory.mktemp("vllm-server"))
+    try:
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop_server(proc)
 
 
 def _server_policy(url: str, **options):
@@ -773,3 +790,94 @@ def test_a_resumed_run_starts_its_engine_on_the_checkpoint(tmp_path, lora_r):
     print(f"rank {lora_r}: resumed step's mismatch KL {metrics[1]['mismatch_kl']:.1e}; its tokens moved up to "
           f"{moved:.3f} from the base's log-probs")
     assert moved > 0.01
+
+
+def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resumes_it(tmp_path, monkeypatch):
+    """The rollout server dies (SIGKILL to its process group, for real) in the middle of a full fine-tuning
+    run, once during step 2's episodes and once between step 2's update and its weight sync: each time the
+    run stops with one line naming the server, its step-1 checkpoint and metrics as they were. A server
+    started again on another port resumes the run (only the address changed): its weights are the
+    checkpoint's after the first sync, so steps 2 and 3 are on-policy. The kills are placed by wrapping the
+    run's user and sampler; the faults themselves are real."""
+    import json
+    import signal
+
+    from muarl.faults import AllEpisodesFaulted
+    from muarl.train import grpo as grpo_module
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.samplers import EngineFailed
+    from muarl.users.base import UserSimulator
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    out = tmp_path / "run"
+    saved = out / "checkpoints" / "step_1"
+
+    def config(url: str):
+        return preset("tiny", out=str(out), domain="train_fixtures:coin", steps=3, tasks_per_step=2, group_size=4,
+                      max_new_tokens=12, max_turns=3, lr=1e-3, kl_beta=0.0, save_every=1,
+                      rollout_engine=f"vllm-server:{url}/v1#tiny")
+
+    def records() -> list[dict]:
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    class KillWhenSaved(UserSimulator):
+        """The run's own user, which kills the server as the first episode after step 1's checkpoint starts."""
+
+        def __init__(self, inner, kill):
+            self.inner, self.kill = inner, kill
+
+        def for_domain(self, domain):
+            return KillWhenSaved(self.inner.for_domain(domain), self.kill)
+
+        def session(self, task, seed):
+            if saved.is_dir():
+                self.kill()
+            return self.inner.session(task, seed)
+
+    # 1. killed during step 2's episodes: every episode faults, the run says so
+    proc, url = _launch_server(logs)
+    make_user = grpo_module.make_user
+    with monkeypatch.context() as patch:
+        patch.setattr(grpo_module, "make_user", lambda *a, **k: KillWhenSaved(
+            make_user(*a, **k), lambda: _stop_server(proc, signal.SIGKILL)))
+        with pytest.raises(AllEpisodesFaulted) as stopped:
+            train_grpo(config(url), progress=False)
+    print(stopped.value)
+    assert "GRPO step 2: every one of the 8 episodes faulted" in str(stopped.value) and url in str(stopped.value)
+    assert "\n" not in str(stopped.value) and proc.poll() is not None
+    assert [r["step"] for r in records()] == [1] and saved.is_dir()
+
+    # 2. killed between step 2's update and its sync: the sync fails, the run says so
+    proc, url = _launch_server(logs)
+    make_sampler = grpo_module.make_sampler
+
+    def killing_sampler(*args):
+        sampler = make_sampler(*args)
+        release = sampler.release
+
+        def release_then_kill() -> None:
+            if saved.is_dir():
+                _stop_server(proc, signal.SIGKILL)
+            release()
+
+        sampler.release = release_then_kill
+        return sampler
+
+    with monkeypatch.context() as patch:
+        patch.setattr(grpo_module, "make_sampler", killing_sampler)
+        with pytest.raises(EngineFailed, match="could not take the updated weights") as stopped:
+            train_grpo(config(url), progress=False)
+    print(stopped.value)
+    assert url in str(stopped.value) and "\n" not in str(stopped.value)
+    assert [r["step"] for r in records()] == [1] and saved.is_dir()
+
+    # 3. a server started again, elsewhere: the run resumes from step 1 and finishes, on-policy
+    proc, url = _launch_server(logs)
+    try:
+        result = train_grpo(config(url), progress=False)
+    finally:
+        _stop_server(proc)
+    metrics = records()
+    assert [r["step"] for r in metrics] == [1, 2, 3] and result["steps"] == 3
+    assert all(m["mismatch_kl"] < 1e-6 for m in metrics[1:] if m["trained_sequences"]), metrics

@@ -126,56 +126,49 @@ def adapter_base(name_or_path: str | Path) -> str | None:
     return str(base)
 
 
+def adapter_chain(name_or_path: str | Path) -> tuple[list[Path], Path]:
+    """(the LoRA adapter directories ``name_or_path`` stacks, from the top one down; the whole checkpoint
+    beneath them). A checkpoint or alias is ([], its directory)."""
+    adapters: list[Path] = []
+    while (base := adapter_base(name_or_path)) is not None:
+        adapters.append(Path(name_or_path))
+        if len(adapters) > 8:
+            raise ValueError(f"{adapters[0]}: more than 8 LoRA adapters on top of each other (a loop of "
+                             "base_model_name_or_path?)")
+        name_or_path = base
+    return adapters, resolve(name_or_path)
+
+
 def checkpoint_root(name_or_path: str | Path) -> Path:
     """The whole checkpoint under ``name_or_path``: itself (or its alias's directory), or for a LoRA
     adapter the checkpoint at the bottom of its chain of bases."""
-    for _ in range(9):
-        base = adapter_base(name_or_path)
-        if base is None:
-            return resolve(name_or_path)
-        name_or_path = base
-    raise ValueError(f"{name_or_path}: more than 8 LoRA adapters on top of each other (a loop of "
-                     "base_model_name_or_path?)")
+    return adapter_chain(name_or_path)[1]
 
 
 def tokenizer_dir(name_or_path: str | Path) -> Path:
-    """Where the tokenizer of a checkpoint, alias or LoRA adapter is: an adapter's own when it was saved
-    with one (muarl saves it), else its base's."""
-    for _ in range(9):
-        base = adapter_base(name_or_path)
-        if base is None:
-            return resolve(name_or_path)
-        if (Path(name_or_path) / "tokenizer_config.json").exists():
-            return Path(name_or_path)
-        name_or_path = base
-    raise ValueError(f"{name_or_path}: more than 8 LoRA adapters on top of each other (a loop of "
-                     "base_model_name_or_path?)")
+    """Where the tokenizer of a checkpoint, alias or LoRA adapter is: the topmost adapter's saved with one
+    (muarl saves it), else the checkpoint's beneath."""
+    adapters, root = adapter_chain(name_or_path)
+    return next((a for a in adapters if (a / "tokenizer_config.json").exists()), root)
 
 
-def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None,
-         _depth: int = 0) -> tuple[Any, Any]:
+def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for a checkpoint directory, alias or LoRA adapter directory, in eval mode,
-    float32 on CPU by default. An adapter is merged into its base (an ordinary model, as fast as the base;
-    the adapter's tokenizer when it has one, else the base's), and the merged model names the adapter as
-    where it came from, so that an adapter trained on top of it names this one as its base."""
+    float32 on CPU by default. An adapter is merged into its base (an ordinary model, as fast as the base),
+    and the merged model names the adapter as where it came from, so that an adapter trained on top of it
+    names this one as its base."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base = adapter_base(name_or_path)
-    if base is not None:
+    adapters, root = adapter_chain(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(name_or_path))
+    model = AutoModelForCausalLM.from_pretrained(root, dtype=dtype or torch.float32)
+    if adapters:
         from peft import PeftModel
 
-        if _depth >= 8:
-            raise ValueError(f"{name_or_path}: more than 8 LoRA adapters on top of each other (a loop of "
-                             f"base_model_name_or_path?)")
-        model, _ = load(base, dtype, "cpu", _depth + 1)
-        model = PeftModel.from_pretrained(model, str(name_or_path)).merge_and_unload()
-        model.name_or_path = model.config._name_or_path = str(Path(name_or_path).resolve())
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(name_or_path))
-    else:
-        path = resolve(name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+        for adapter in reversed(adapters):  # the bottom one first: each was trained on the merge below it
+            model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        model.name_or_path = model.config._name_or_path = str(adapters[0].resolve())
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.eval()
     return model, tokenizer

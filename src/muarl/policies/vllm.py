@@ -130,15 +130,13 @@ def served_adapter(model: str | Path) -> tuple[Path | None, Path | None]:
     """(adapter directory, its base checkpoint) when ``model`` is a LoRA adapter directory, else (None,
     None). vLLM serves one adapter on a whole checkpoint: an adapter trained on top of another adapter
     is refused in one line (``hf:`` merges such chains)."""
-    from muarl.models import adapter_base, resolve
+    from muarl.models import adapter_chain
 
-    base = adapter_base(model)
-    if base is None:
-        return None, None
-    if adapter_base(base) is not None:
-        raise ValueError(f"{model} is a LoRA adapter trained on another adapter ({base}); vLLM serves one adapter "
-                         "on a whole checkpoint: evaluate it with hf:, or train from a merged model")
-    return Path(model), resolve(base)
+    adapters, root = adapter_chain(model)
+    if len(adapters) > 1:
+        raise ValueError(f"{model} is a LoRA adapter trained on another adapter ({adapters[1]}); vLLM serves one "
+                         "adapter on a whole checkpoint: evaluate it with hf:, or train from a merged model")
+    return (adapters[0], root) if adapters else (None, None)
 
 
 def merged_weights(model: Any) -> list[tuple[str, Any]]:

@@ -7,13 +7,15 @@ file that is wrong, and moved aside, and a run whose checkpoints are all damaged
 (see :func:`muarl.train.checkpoint.choose_resume`). ``resume=True`` insists on a checkpoint (an error when
 there is none); ``resume=False`` starts over and deletes the old checkpoints. A resume refuses a config that differs from the recorded one in anything that changes what
 the steps compute (model, data, learning rate, seeds ...), naming the fields; only the fields in
-:data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size) may differ.
+:data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size) may differ, and the address of an
+endpoint (a vLLM server or an LLM user restarted elsewhere, serving the same model name).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
@@ -33,6 +35,19 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
               "vllm_gpu_memory", "vllm_sleep", "vllm_sync_dir",
               # time limits only decide when a stuck party faults its episode (raise one after spurious faults)
               "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout"}
+
+
+#: an endpoint spec, ``KIND:URL#MODEL`` (``--rollout-engine vllm-server:...``, ``--user llm:...``)
+ENDPOINT = re.compile(r"^([\w-]+):[a-z][a-z0-9+.-]*://[^#]*#(.+)$")
+
+
+def _comparable(value: Any) -> Any:
+    """A config value as a resume compares it: an endpoint's address is where its model is served, not
+    what it samples, so a server restarted on another port or machine resumes the run; its kind and
+    model name must stay."""
+    if isinstance(value, str) and (match := ENDPOINT.match(value)):
+        return f"{match[1]}:URL#{match[2]}"
+    return value
 
 
 #: what a training run read, recorded at its start: muarl's version and commit, its inputs' digests
@@ -75,7 +90,7 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
         # a field added to the config after the run was recorded had its default value then
         recorded = {**_defaults(config), **json.loads((out / "config.json").read_text())}
         differ = sorted(k for k in set(recorded) | set(current)
-                        if k not in MAY_CHANGE and recorded.get(k) != current.get(k))
+                        if k not in MAY_CHANGE and _comparable(recorded.get(k)) != _comparable(current.get(k)))
         if differ:
             detail = "; ".join(f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in differ)
             raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "

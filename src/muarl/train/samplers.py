@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from muarl.faults import RunFailed
 from muarl.policies.base import Policy
 
 #: how many of the opening prompt's last positions :meth:`VLLMSampler.check` compares (the trainer builds
@@ -121,7 +122,10 @@ class VLLMSampler:
         policy = self.engine_policy
         ids = policy.chat_format(domain).prompt_ids([Message(role="system", content=domain.policy),
                                                      Message(role="user", content="Hello.")])
-        scored = asyncio.run(policy.engine.generate(ids, policy.engine.score_params(), policy.lora)).prompt_logprobs
+        try:
+            scored = asyncio.run(policy.engine.generate(ids, policy.engine.score_params(), policy.lora)).prompt_logprobs
+        except RuntimeError as err:
+            raise EngineFailed(f"the rollout engine {policy.name} could not score the opening prompt ({err})") from err
         mask = [int(p >= max(1, len(ids) - PROBE_TOKENS)) for p in range(len(ids))]
         engine = torch.tensor([0.0 if v is None else v for v in scored or []], dtype=torch.float64)
         if engine.shape[0] != len(ids):
@@ -144,18 +148,29 @@ class VLLMSampler:
             self.asleep = True
 
     def sync(self, model: Any) -> float:
+        """The new weights into the engine; an engine that fails to take them (a server gone, an engine
+        dead) is an :class:`EngineFailed`, one line: the run stops, its checkpoints as they were."""
         began = time.perf_counter()
-        if self.asleep:  # weights back from CPU memory and a fresh KV cache, then the new weights on top
-            self.engine_policy.engine.wake_up()
-            self.asleep = False
-        if self.lora:
-            self.engine_policy.sync_lora(model)
-        else:
-            self.engine_policy.sync_weights(model)
+        try:
+            if self.asleep:  # weights back from CPU memory and a fresh KV cache, then the new weights on top
+                self.engine_policy.engine.wake_up()
+                self.asleep = False
+            if self.lora:
+                self.engine_policy.sync_lora(model)
+            else:
+                self.engine_policy.sync_weights(model)
+        except RuntimeError as err:  # the server's ServerError, the in-process engine's errors
+            raise EngineFailed(f"the rollout engine {self.engine_policy.name} could not take the updated weights "
+                               f"({err}); rerun the command once it is back: the run resumes from its last "
+                               "checkpoint") from err
         return time.perf_counter() - began
 
     def close(self) -> None:
         self.engine_policy.close()
+
+
+class EngineFailed(RunFailed):
+    """The rollout engine failed between steps (a weight sync): the run cannot go on, and says so in one line."""
 
 
 SERVER = "vllm-server:"
