@@ -14,9 +14,11 @@ checkpoint its config names, and the vLLM backend serves it as an adapter on tha
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +94,35 @@ def resolve(name_or_path: str | Path) -> Path:
         if (path / ADAPTER_CONFIG).exists():
             raise FileNotFoundError(f"{path} is a LoRA adapter, not a whole checkpoint, and this needs one: pass "
                                     "the merged model (OUT/model, written unless --no-merge-lora)")
+        if not path.exists() and HUB_ID.match(str(name_or_path)):
+            return hub_snapshot(str(name_or_path))
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint directory (no config.json); "
-                                "pass a directory, or an alias: tiny, tiny-random, smollm2")
+                                "pass a directory, a Hub model id (org/name), or an alias: tiny, tiny-random, smollm2")
     return path
+
+
+#: a Hugging Face Hub model id, ``org/name``
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@functools.cache
+def hub_snapshot(repo_id: str) -> Path:
+    """The local directory of a Hub model (``Qwen/Qwen3-8B``): the Hugging Face cache's copy, downloaded
+    there first when it is not yet (``$HF_HOME``, ``$HF_HUB_OFFLINE`` apply as everywhere else); the
+    weights, configs and tokenizer files only. Not reachable and not cached: a one-line FileNotFoundError."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
+                                                            "*.jinja", "*.tiktoken"])
+    except Exception as err:  # offline, unknown repo, gated, no network: the Hub's own reason, in one line
+        reason = " ".join(str(err).split())[:300]
+        raise FileNotFoundError(f"{repo_id}: not a local checkpoint directory, and the Hugging Face Hub could not "
+                                f"provide it ({type(err).__name__}: {reason}); download it first (hf download "
+                                f"{repo_id}) or pass a directory") from None
+    if not (Path(folder) / "config.json").exists():
+        raise FileNotFoundError(f"{repo_id}: the Hub's copy at {folder} has no config.json (not a transformers model)")
+    return Path(folder)
 
 
 ADAPTER_CONFIG = "adapter_config.json"
