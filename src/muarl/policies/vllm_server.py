@@ -345,16 +345,17 @@ class VLLMServerPolicy(VLLMPolicy):
 
 
 def _tokenizer_path(explicit: str | Path | None, root: str, model: str) -> Path:
-    """The tokenizer to render episodes with: the one named, else the server's checkpoint directory if it
-    is readable here, else ``model`` as a muarl alias or directory."""
+    """The tokenizer to render episodes with: the one named, else that of the server's checkpoint (a
+    directory readable here, or a Hub id through the Hugging Face cache), else ``model`` as a muarl alias,
+    directory or Hub id."""
     from muarl.models import tokenizer_dir
 
     if explicit is not None:
         return tokenizer_dir(explicit)
-    if (Path(root) / "config.json").exists():
-        return Path(root)
-    try:
-        return tokenizer_dir(model)
-    except FileNotFoundError:
-        raise ServerError(f"cannot find the tokenizer of {model!r}: the server's checkpoint {root} is not "
-                          "readable here; pass tokenizer=PATH") from None
+    for candidate in (root, model):
+        try:
+            return tokenizer_dir(candidate)
+        except FileNotFoundError:
+            continue
+    raise ServerError(f"cannot find the tokenizer of {model!r}: the server's checkpoint {root} is not "
+                      "readable here; pass tokenizer=PATH")
