@@ -103,21 +103,26 @@ class VLLMEngine:
     """A vLLM engine for token-in/token-out sampling, plus weight and adapter updates.
 
     ``model``: a Hugging Face checkpoint directory. ``dtype``: "float32" keeps the engine's numerics
-    next to the trainer's on the CPU ("auto" takes the checkpoint's). ``enable_lora``: serve LoRA
+    next to the trainer's (the default on the CPU build); "auto" takes the checkpoint's (bf16 for Qwen3,
+    the default on GPU builds). ``enforce_eager``: no CUDA graphs (the default on the CPU build, which has
+    none; GPU builds capture them, vLLM's fast decode path). ``enable_lora``: serve LoRA
     adapters (:meth:`load_lora`), ``max_lora_rank`` their largest rank. ``kv_cache_gib`` sets
     ``VLLM_CPU_KVCACHE_SPACE`` on the CPU build when the caller has not (vLLM's default takes a large
     share of the machine's memory). ``engine_args`` go to vLLM's ``EngineArgs`` as they are.
     """
 
-    def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int | None = None,
+    def __init__(self, model: str, *, dtype: str | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 64, seed: int = 0, enable_lora: bool = False, max_lora_rank: int = 16,
-                 kv_cache_gib: float = 1.0, enforce_eager: bool = True, **engine_args: Any):
+                 kv_cache_gib: float = 1.0, enforce_eager: bool | None = None, **engine_args: Any):
         vllm = import_vllm()
         from vllm.engine.arg_utils import EngineArgs
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        if cpu_build():
+        on_cpu = cpu_build()
+        dtype = dtype or ("float32" if on_cpu else "auto")
+        enforce_eager = on_cpu if enforce_eager is None else enforce_eager
+        if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
             # vllm-cpu 0.32 crashes its engine on a seeded request whose prompt is prefilled in chunks
             # (longer than the 2,048-token step budget): "RuntimeError: CPU Generator does not use offset".

