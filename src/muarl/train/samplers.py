@@ -239,8 +239,6 @@ def check_rollout_engine(config: Any) -> None:
     """Refuse, before anything is written, a rollout engine that cannot run: vLLM not installed (in-process
     engine) or a server that cannot be reached or does not serve the model (one line each)."""
     if config.rollout_engine == "vllm":
-        import torch
-
         from muarl.policies.vllm_engine import INSTALL_HINT, available
 
         if config.vllm_sleep and not torch.cuda.is_available():
@@ -264,8 +262,6 @@ def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
     if config.rollout_engine.startswith(SERVER):
         return VLLMSampler(server_policy(config), model, lora=lora)
     if config.rollout_engine == "vllm":
-        import torch
-
         # the engine's precision follows the trainer's forwards: bf16 where they autocast to it (a GPU)
         cuda = torch.cuda.is_available()
         bf16 = config.bf16 if config.bf16 is not None else cuda
