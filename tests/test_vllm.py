@@ -199,10 +199,9 @@ def test_the_vllm_spec_builds_a_policy_and_names_the_install_script_when_missing
 # (before the weight-sync tests: closing their in-process engines tears down vLLM's process-wide parallel
 # groups, after which the module's ``vllm_policy`` engine fails with "pipeline model parallel group is not
 # initialized")
-def _launch_server(log_dir, port: int = 0):
-    """A real vLLM OpenAI-compatible server on the tiny model (on ``port``, or a free one; LoRA and
-    dev-mode routes on), started as :func:`server_command` says in a process group of its own; (process,
-    URL) once it is healthy."""
+def _launch_server(log_dir):
+    """A real vLLM OpenAI-compatible server on the tiny model (a free port, LoRA and dev-mode routes on),
+    started as :func:`server_command` says in a process group of its own; (process, URL) once healthy."""
     import socket
     import subprocess
     import time
@@ -213,10 +212,9 @@ def _launch_server(log_dir, port: int = 0):
     from muarl.policies.vllm_engine import cpu_build
     from muarl.policies.vllm_server import server_command
 
-    if not port:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     argv, env = server_command(resolve("tiny"), port=port, served_name="tiny", max_lora_rank=8,
                                cpu_build=cpu_build())
     # the server's own engine process, as `vllm serve` runs it (this process runs its engine in-process)
@@ -835,49 +833,57 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
                 self.kill()
             return self.inner.session(task, seed)
 
-    # 1. killed during step 2's episodes: every episode faults, the run says so
-    proc, url = _launch_server(logs)
-    make_user = grpo_module.make_user
-    with monkeypatch.context() as patch:
-        patch.setattr(grpo_module, "make_user", lambda *a, **k: KillWhenSaved(
-            make_user(*a, **k), lambda: _stop_server(proc, signal.SIGKILL)))
-        with pytest.raises(AllEpisodesFaulted) as stopped:
-            train_grpo(config(url), progress=False)
-    print(stopped.value)
-    assert "GRPO step 2: every one of the 8 episodes faulted" in str(stopped.value) and url in str(stopped.value)
-    assert "\n" not in str(stopped.value) and proc.poll() is not None
-    assert [r["step"] for r in records()] == [1] and saved.is_dir()
+    servers = []
 
-    # 2. killed between step 2's update and its sync: the sync fails, the run says so
-    proc, url = _launch_server(logs)
-    make_sampler = grpo_module.make_sampler
+    def launch() -> tuple:
+        proc, url = _launch_server(logs)
+        servers.append(proc)
+        return proc, url
 
-    def killing_sampler(*args):
-        sampler = make_sampler(*args)
-        release = sampler.release
-
-        def release_then_kill() -> None:
-            if saved.is_dir():
-                _stop_server(proc, signal.SIGKILL)
-            release()
-
-        sampler.release = release_then_kill
-        return sampler
-
-    with monkeypatch.context() as patch:
-        patch.setattr(grpo_module, "make_sampler", killing_sampler)
-        with pytest.raises(EngineFailed, match="could not take the updated weights") as stopped:
-            train_grpo(config(url), progress=False)
-    print(stopped.value)
-    assert url in str(stopped.value) and "\n" not in str(stopped.value)
-    assert [r["step"] for r in records()] == [1] and saved.is_dir()
-
-    # 3. a server started again, elsewhere: the run resumes from step 1 and finishes, on-policy
-    proc, url = _launch_server(logs)
     try:
+        # 1. killed during step 2's episodes: every episode faults, the run says so
+        proc, url = launch()
+        make_user = grpo_module.make_user
+        with monkeypatch.context() as patch:
+            patch.setattr(grpo_module, "make_user", lambda *a, **k: KillWhenSaved(
+                make_user(*a, **k), lambda: _stop_server(proc, signal.SIGKILL)))
+            with pytest.raises(AllEpisodesFaulted) as stopped:
+                train_grpo(config(url), progress=False)
+        print(stopped.value)
+        assert "GRPO step 2: every one of the 8 episodes faulted" in str(stopped.value) and url in str(stopped.value)
+        assert "\n" not in str(stopped.value) and proc.poll() is not None
+        assert [r["step"] for r in records()] == [1] and saved.is_dir()
+
+        # 2. killed between step 2's update and its sync: the sync fails, the run says so
+        proc, url = launch()
+        make_sampler = grpo_module.make_sampler
+
+        def killing_sampler(*args):
+            sampler = make_sampler(*args)
+            release = sampler.release
+
+            def release_then_kill() -> None:
+                if saved.is_dir():
+                    _stop_server(proc, signal.SIGKILL)
+                release()
+
+            sampler.release = release_then_kill
+            return sampler
+
+        with monkeypatch.context() as patch:
+            patch.setattr(grpo_module, "make_sampler", killing_sampler)
+            with pytest.raises(EngineFailed, match="could not take the updated weights") as stopped:
+                train_grpo(config(url), progress=False)
+        print(stopped.value)
+        assert url in str(stopped.value) and "\n" not in str(stopped.value)
+        assert [r["step"] for r in records()] == [1] and saved.is_dir()
+
+        # 3. a server started again, elsewhere: the run resumes from step 1 and finishes, on-policy
+        proc, url = launch()
         result = train_grpo(config(url), progress=False)
     finally:
-        _stop_server(proc)
+        for proc in servers:
+            _stop_server(proc)
     metrics = records()
     assert [r["step"] for r in metrics] == [1, 2, 3] and result["steps"] == 3
     assert all(m["mismatch_kl"] < 1e-6 for m in metrics[1:] if m["trained_sequences"]), metrics
