@@ -351,14 +351,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with data_option(getattr(args, "data_dir", None)):
             return args.func(args)
     except RunFailed as err:  # the run played, but measured nothing (or its data would be wrong): one line
-        print(f"muarl: error: {err}", file=sys.stderr)
-        return 1
+        return _error(err, 1)
     except KeyError as err:  # unknown domain or task: a clear message, not a traceback
-        print(f"muarl: error: {err.args[0]}", file=sys.stderr)
-        return 2
+        return _error(err.args[0], 2)
     except (SpecError, FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"muarl: error: {err}", file=sys.stderr)
-        return 2
+        return _error(err, 2)
+
+
+def _error(message: object, code: int) -> int:
+    """Say ``muarl: error: MESSAGE`` on stderr in one write (several ranks of one run share a stderr,
+    unbuffered under ``accelerate launch``: print's two writes interleaved their lines), return ``code``."""
+    sys.stderr.write(f"muarl: error: {message}\n")
+    sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":
