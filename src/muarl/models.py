@@ -81,8 +81,9 @@ def tiny_path() -> Path:
 
 
 def resolve(name_or_path: str | Path) -> Path:
-    """A checkpoint directory for a path or an alias: ``tiny`` (the shipped base), ``tiny-random`` or
-    ``smollm2`` (packaged)."""
+    """A checkpoint directory for a path, an alias (``tiny``: the shipped base, ``tiny-random`` or
+    ``smollm2``: packaged) or a Hub model id (:func:`hub_snapshot`). A LoRA adapter directory is refused
+    here: :func:`load` and :func:`checkpoint_root` take those."""
     if str(name_or_path) == "smollm2":
         return smollm2_path()
     if str(name_or_path) == "tiny":
@@ -121,7 +122,8 @@ def hub_snapshot(repo_id: str) -> Path:
                                 f"provide it ({type(err).__name__}: {reason}); download it first (hf download "
                                 f"{repo_id}) or pass a directory") from None
     if not (Path(folder) / "config.json").exists():
-        raise FileNotFoundError(f"{repo_id}: the Hub's copy at {folder} has no config.json (not a transformers model)")
+        raise FileNotFoundError(f"{repo_id}: the Hub's copy at {folder} has no config.json (not a transformers "
+                                "model; a LoRA adapter's directory can be passed as a path)")
     return Path(folder)
 
 
