@@ -759,6 +759,21 @@ def test_grpo_from_an_adapter_directory_keeps_the_engine_in_step(adapter_dir, tm
     _grpo_keeps_the_engine_in_step(tmp_path, 4, "vllm", model=str(adapter_dir))
 
 
+def test_grpo_from_an_adapter_directory_keeps_a_server_in_step(vllm_server, adapter_dir, tmp_path):
+    """The same against a server started on the adapter's base: its weights are replaced by the merged ones
+    at the first sync and after every update (a LoRA sync would put the new adapter on the bare base)."""
+    from muarl.models import load
+
+    try:
+        _grpo_keeps_the_engine_in_step(tmp_path, 4, f"vllm-server:{vllm_server}/v1#tiny", model=str(adapter_dir))
+    finally:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
+        policy = _server_policy(vllm_server)
+        try:
+            policy.sync_weights(load("tiny")[0])
+        finally:
+            policy.close()
+
+
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_a_resumed_run_starts_its_engine_on_the_checkpoint(tmp_path, lora_r):
     """A run stopped after step 1 and resumed: its new engine starts on the base checkpoint and is synced to
