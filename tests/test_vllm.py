@@ -901,4 +901,5 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
             _stop_server(proc)
     metrics = records()
     assert [r["step"] for r in metrics] == [1, 2, 3] and result["steps"] == 3
-    assert all(m["mismatch_kl"] < 1e-6 for m in metrics[1:] if m["trained_sequences"]), metrics
+    resumed = [m for m in metrics[1:] if m["trained_sequences"]]
+    assert resumed and all(m["mismatch_kl"] < 1e-6 for m in resumed), metrics

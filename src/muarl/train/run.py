@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
@@ -37,16 +36,18 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
               "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout"}
 
 
-#: an endpoint spec, ``KIND:URL#MODEL`` (``--rollout-engine vllm-server:...``, ``--user llm:...``)
-ENDPOINT = re.compile(r"^([\w-]+):[a-z][a-z0-9+.-]*://[^#]*#(.+)$")
-
-
 def _comparable(value: Any) -> Any:
-    """A config value as a resume compares it: an endpoint's address is where its model is served, not
-    what it samples, so a server restarted on another port or machine resumes the run; its kind and
-    model name must stay."""
-    if isinstance(value, str) and (match := ENDPOINT.match(value)):
-        return f"{match[1]}:URL#{match[2]}"
+    """A config value as a resume compares it: an endpoint spec's (``KIND:URL#MODEL``: ``--rollout-engine
+    vllm-server:...``, ``--user llm:...``) address is where its model is served, not what it samples, so a
+    server restarted on another port or machine resumes the run; its kind and model name must stay."""
+    if isinstance(value, str) and "://" in value and "#" in value:
+        from muarl.factory import SpecError, split_endpoint
+
+        try:
+            _, model = split_endpoint(value, "endpoint")
+        except SpecError:
+            return value
+        return f"{value.split(':', 1)[0]}:URL#{model}"
     return value
 
 
