@@ -178,7 +178,10 @@ def checkpoint_root(name_or_path: str | Path) -> Path:
 def tokenizer_dir(name_or_path: str | Path) -> Path:
     """Where the tokenizer of a checkpoint, alias or LoRA adapter is: the topmost adapter's saved with one
     (muarl saves it), else the checkpoint's beneath."""
-    adapters, root = adapter_chain(name_or_path)
+    return _tokenizer_of(*adapter_chain(name_or_path))
+
+
+def _tokenizer_of(adapters: list[Path], root: Path) -> Path:
     return next((a for a in adapters if (a / "tokenizer_config.json").exists()), root)
 
 
@@ -191,7 +194,7 @@ def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     adapters, root = adapter_chain(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(name_or_path))
+    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_of(adapters, root))
     model = AutoModelForCausalLM.from_pretrained(root, dtype=dtype or torch.float32)
     if adapters:
         from peft import PeftModel

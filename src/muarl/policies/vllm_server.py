@@ -49,7 +49,7 @@ import httpx2
 
 from muarl.chat import ChatFormat
 from muarl.policies.vllm import LORA_NAME, VLLMPolicy, merged_weights
-from muarl.policies.vllm_engine import EngineStats, Generation
+from muarl.policies.vllm_engine import EngineStats, Generation, lora_rank_slot
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -76,7 +76,7 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
             "--enable-prefix-caching",
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
             "--enable-prompt-tokens-details", "--enable-lora", "--max-loras", "1",
-            "--max-lora-rank", str(max_lora_rank), "--disable-uvicorn-access-log"]
+            "--max-lora-rank", str(lora_rank_slot(max_lora_rank)), "--disable-uvicorn-access-log"]
     if served_name:
         argv += ["--served-model-name", served_name]
     if cpu_build:
