@@ -1,7 +1,7 @@
 """The rollout-training mismatch of a vLLM engine in bfloat16 against muarl's float32 trainer (issue 18).
 
     # in the vLLM virtualenv (scripts/install_vllm.sh); the CPU build here (bf16 kernels need AVX-512 BF16):
-    VLLM_CPU_KVCACHE_SPACE=2 /work/venvs/vllm/bin/python benchmarks/engine_precision.py
+    VLLM_CPU_KVCACHE_SPACE=2 "$(bash scripts/install_vllm.sh --where)/bin/python" benchmarks/engine_precision.py
     # on a GPU (random weights of a real size: nothing is downloaded):
     python benchmarks/engine_precision.py --device cuda --config qwen3-0.6b
 

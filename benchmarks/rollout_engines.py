@@ -1,7 +1,7 @@
 """Rollout throughput of muarl's transformers engine against vLLM, on the same tasks, in one run (issue 18).
 
     # in the vLLM virtualenv (scripts/install_vllm.sh); the CPU build here:
-    VLLM_CPU_KVCACHE_SPACE=2 /work/venvs/vllm/bin/python benchmarks/rollout_engines.py
+    VLLM_CPU_KVCACHE_SPACE=2 "$(bash scripts/install_vllm.sh --where)/bin/python" benchmarks/rollout_engines.py
     # on a GPU (random weights of a real size: nothing is downloaded):
     python benchmarks/rollout_engines.py --device cuda --config qwen3-0.6b --tasks 32 --group-size 8
 

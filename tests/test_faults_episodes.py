@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from conftest import require
 from muarl.cli import main
 from muarl.domain import Domain, get_domain
 from muarl.evaluate import EvalResult, evaluate
@@ -495,8 +496,9 @@ def test_grpo_and_synth_take_the_limits() -> None:
     assert synth.user_timeout == 2 and synth.tool_timeout == 60
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tau2") is None, reason="tau2-bench is not installed")
 def test_gold_tau2_retail_warns_on_tau2s_own_failing_calls_but_passes(capsys) -> None:
+    require(importlib.util.find_spec("tau2") is not None,
+            "the tau2 extra is not installed (bash scripts/install.sh --dev)")
     assert main(["gold", "tau2:retail", "--split", "test", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["failures"] == [] and report["warnings"]

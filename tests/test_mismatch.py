@@ -172,6 +172,21 @@ def test_rollout_engine_vllm_server_is_checked_in_one_line_before_anything_is_wr
         assert not out.exists()
 
 
+def test_the_server_backend_does_not_import_vllm():
+    """``vllm-server:`` runs where vLLM is not installed: importing its module and building the server
+    command pulls in no vllm. vLLM is made unimportable in the child (``sys.modules["vllm"] = None``), so an
+    import of it fails there even in an environment that has it; the check runs here, in the main
+    environment (moved from tests/test_vllm.py, which runs only where vLLM imports)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['vllm'] = None; import muarl.policies.vllm_server as s; "
+            "s.server_command('m', port=1); "
+            "bad = [m for m in sys.modules if m.startswith('vllm.')]; assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_user_the_run_would_train_is_refused_in_one_line(tmp_path, capsys):
     """An llm: user on the --rollout-engine server: full fine-tuning would reload the user's weights with
     the policy's, and a LoRA run's user must not be the trained adapter; the base model with LoRA is the

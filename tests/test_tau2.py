@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tau2", reason="the tau2 extra is not installed (bash scripts/install.sh --dev)")
+from conftest import require
+
+require(importlib.util.find_spec("tau2") is not None, "the tau2 extra is not installed (bash scripts/install.sh --dev)")
 
 from muarl.bridges.tau2 import bridge, tau2_messages, tau2_reward  # noqa: E402
 from muarl.bridges.tau2_world import CowTable, tables_of  # noqa: E402
