@@ -395,8 +395,12 @@ def test_grpo_masks_every_fault_kind_from_the_gradient(tmp_path: Path, monkeypat
     assert len(rows) == 4 and len(faulted) == 2
     assert all(r["metadata"]["fault"]["kind"] == "policy" and not r["sim_fault"] for r in faulted)
     assert all(sum(r["loss_mask"]) > 0 and r["metadata"]["trained"] is False for r in faulted)
+    # the other two are trained: no dynamic sampling and no truncation mask here, so only a fault leaves an
+    # episode with sampled tokens out; a step that trained nothing would mask nothing
+    clean = [r for r in rows if not r["metadata"].get("fault")]
+    assert all(sum(r["loss_mask"]) > 0 and r["metadata"]["trained"] is True for r in clean)
     metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert metrics["fault_rate"] == 0.5 and metrics["trained_sequences"] <= 2
+    assert metrics["fault_rate"] == 0.5 and metrics["trained_sequences"] == len(clean) == 2
 
 
 # -- a real OpenAI-compatible user server that stalls, fails and sends nothing ----------------------------

@@ -14,7 +14,7 @@ from muarl.models import load
 from muarl.policies.expert import ExpertPolicy
 from muarl.policies.script import mistype
 from muarl.synth import synthesize, untrained_turns
-from muarl.train.pretrain import ConversationStream, PretrainConfig
+from muarl.train.pretrain import STREAM_SEED, ConversationStream, PretrainConfig
 from muarl.train.sft import load_records
 
 
@@ -96,8 +96,15 @@ def test_the_stream_slips_at_its_rate_and_first_chunk_moves_it_to_other_database
     slipped = sum(bool(untrained_turns(r)) for r in slips)
     assert not any(untrained_turns(r) for r in clean) and 5 <= slipped <= 25
     later = ConversationStream(PretrainConfig(chunk_tasks=40, first_chunk=7), tmp_path / "later")
-    assert not {r["user_id"] for r in later.records(0, 30)} >= {r["user_id"] for r in clean}
+    moved = later.records(0, 30)
     assert sorted(p.name for p in (tmp_path / "later").glob("chunk_*")) == ["chunk_000007.jsonl"]
+    # every conversation is with a user of chunk 7's database and none of chunk 0's (the two databases
+    # share no user id: checked here, so a shared one cannot pass for a moved stream)
+    users = {c: set(get_domain("retail-lite").with_database(seed=STREAM_SEED + c).database().tables["users"])
+             for c in (0, 7)}
+    assert not users[0] & users[7]
+    assert {r["user_id"] for r in clean} <= users[0]
+    assert {r["user_id"] for r in moved} <= users[7]
 
 
 @pytest.mark.parametrize(("domain", "lookup"), [("retail", "find_user_id_by_"), ("airline", "get_user_details"),
