@@ -67,27 +67,57 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 MODELS = ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)]
 
+#: How far the policy is from its reference in the update tests, so that the KL term and its gradient are
+#: not 0 (k3's gradient vanishes where the two agree): full fine-tuning scores against a copy with
+#: N(0, 0.01) added to every weight, LoRA's B matrices (0 at init, the adapter then a no-op) get N(0, 0.05).
+#: Measured on the embedded model: mean KL per agent token 0.54 and 0.32, and the KL term moves every
+#: parameter's gradient by at least 14% of its norm, against the 1e-4 the two paths are compared at.
+REFERENCE_NOISE, LORA_NOISE = 0.01, 0.05
+
+
+def _policy_and_reference(name: str, lora: bool):
+    """(policy, reference, tokenizer) that differ by a fixed draw; the reference is None with LoRA (the
+    policy with its adapter disabled), as in training."""
+    model, tokenizer = load(name)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        if lora:
+            model, reference = _lora(model), None
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, LORA_NOISE)
+        else:
+            reference = copy.deepcopy(model).requires_grad_(False)
+            for p in reference.parameters():
+                p.add_(REFERENCE_NOISE * torch.randn_like(p))
+    return model, reference, tokenizer
+
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_shared_prefix_update_equals_the_plain_one(name, lora):
-    model, tokenizer = load(name)
-    batch = _batch(model, len(tokenizer))
-    if lora:
-        model, reference = _lora(model), None
-    else:
-        reference = copy.deepcopy(model).requires_grad_(False)
-    for micro in (1, 3):
-        plain, plain_grads = _update(model, reference, batch, shared_prefix=False, micro_batch_size=micro)
-        shared, shared_grads = _update(model, reference, batch, shared_prefix=True, micro_batch_size=micro)
-        assert plain["shared_prefix_tokens"] == 0 and shared["shared_prefix_tokens"] == 60
-        for key in ("loss", "kl", "entropy"):
-            assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-7), key
-        assert plain_grads.keys() == shared_grads.keys() and plain_grads
-        for n, g in plain_grads.items():  # float noise only: every parameter's gradient agrees to 1e-4 of its norm
-            assert _relative_error(shared_grads[n], g) < 1e-4, n
-        # the embedding receives gradient through the opening only via the shared pass: it must be there
-        assert any(g.abs().sum() > 0 for n, g in shared_grads.items() if "embed" in n or "lora" in n)
+    """The shared-prefix update equals the plain one, the KL term's gradient through the prefix included:
+    the reference differs from the policy (the KL term is not 0), and with every advantage 0 the policy
+    term has no gradient, so the gradient compared is the KL term's alone."""
+    model, reference, tokenizer = _policy_and_reference(name, lora)
+    batch = _batch(model, len(tokenizer))  # sampling log-probs: the policy's own, as on-policy
+    kl_only = [(seq, 0.0) for seq, _ in batch]
+    for pairs in (batch, kl_only):
+        for micro in (1, 3):
+            options = {"micro_batch_size": micro, "skip_zero_advantage": False}
+            plain, plain_grads = _update(model, reference, pairs, shared_prefix=False, **options)
+            shared, shared_grads = _update(model, reference, pairs, shared_prefix=True, **options)
+            assert plain["shared_prefix_tokens"] == 0 and shared["shared_prefix_tokens"] == 60
+            assert plain["kl"] > 0.01  # the reference differs from the policy: there is a KL term to compare
+            for key in ("loss", "kl", "entropy"):
+                assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-7), key
+            assert plain_grads.keys() == shared_grads.keys() and plain_grads
+            for n, g in plain_grads.items():  # float noise only (measured up to 1e-5 of the norm): 1e-4 of it
+                assert _relative_error(shared_grads[n], g) < 1e-4, n
+            if pairs is kl_only:  # all of it the KL term's, and none of it 0 (0 against 0 would agree)
+                assert all(g.norm() > 0 for g in plain_grads.values())
+            # the embedding receives gradient through the opening only via the shared pass: it must be there
+            assert any(g.abs().sum() > 0 for n, g in shared_grads.items() if "embed" in n or "lora" in n)
 
 
 @pytest.mark.parametrize("name", MODELS)
