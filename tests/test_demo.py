@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _muarl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"}  # table rows on one line each
     return subprocess.run([sys.executable, "-m", "muarl", *args], capture_output=True, text=True, env=env,
                           timeout=600)
 
@@ -32,14 +32,17 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     assert Path(grpo_config["model"]).parent.name == "muarl" and Path(grpo_config["model"]).name == "base"
     summary = json.loads((out / "summary.json").read_text())
     smoke = PRESETS["smoke"]
-    for name in ("eval-sft", "eval-rl"):
+    for name, key, temperature in (("eval-sft", "sft", 1.0), ("eval-rl", "rl", 1.0), ("eval-sft-greedy", "sft_greedy", 0.0),
+                                   ("eval-rl-greedy", "rl_greedy", 0.0)):
         results = json.loads((out / name / "results.json").read_text())
         assert results["metrics"]["episodes"] == smoke.eval_tasks * smoke.eval_k
-        assert summary[name.split("-")[1]] == results["metrics"]
-    comparison = json.loads((out / "comparison.json").read_text())
-    pass1 = next(m for m in comparison["metrics"] if m["metric"] == "pass^1")
-    assert pass1["tasks"] == smoke.eval_tasks and pass1["low"] <= pass1["diff"] <= pass1["high"]
-    assert summary["comparison"]["pass^1"] == [pass1["diff"], pass1["low"], pass1["high"]]
+        assert results["config"]["temperature"] == temperature
+        assert summary[key] == results["metrics"]
+    for name, key in (("comparison.json", "comparison"), ("comparison-greedy.json", "comparison_greedy")):
+        comparison = json.loads((out / name).read_text())
+        pass1 = next(m for m in comparison["metrics"] if m["metric"] == "pass^1")
+        assert pass1["tasks"] == smoke.eval_tasks and pass1["low"] <= pass1["diff"] <= pass1["high"]
+        assert summary[key]["pass^1"] == [pass1["diff"], pass1["low"], pass1["high"]]
     assert (out / "changed.md").read_text().startswith("# Held-out conversations that changed with RL")
     grpo = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in grpo] == list(range(1, smoke.grpo_steps + 1))
@@ -48,14 +51,25 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
         assert (out / "plots" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report.html").stat().st_size > 10_000
     assert "cold start" in done.stdout and "after RL" in done.stdout and "95% interval" in done.stdout
+    table = [line for line in done.stdout.splitlines() if "│" in line]
+    at = next(i for i, line in enumerate(table) if "success (pass^1)" in line)
+    assert "fault rate: policy / user / tool" in table[at + 1]  # beside success, T = 1 and then T = 0
+    assert "success (pass^1), T = 0" in table[at + 2] and "fault rate: policy / user / tool, T = 0" in table[at + 3]
 
     # a rerun finds every stage done: nothing is trained or played again and the summary is the same
     files = ["grpo/metrics.jsonl", "eval-sft/trajectories.jsonl", "eval-rl/trajectories.jsonl",
-             "grpo/model/model.safetensors"]
+             "eval-sft-greedy/trajectories.jsonl", "eval-rl-greedy/trajectories.jsonl", "grpo/model/model.safetensors"]
     before = {f: (out / f).read_bytes() for f in files}
+    # a run recorded before the greedy knob existed had its default: it resumes, not "other settings"
+    recorded = json.loads((out / "demo.json").read_text())
+    del recorded["greedy"]
+    (out / "demo.json").write_text(json.dumps(recorded))
     again = run_demo(out, "smoke", progress=False)
     assert {f: (out / f).read_bytes() for f in files} == before
     assert again["sft"] == summary["sft"] and again["rl"] == summary["rl"]
+    assert again["rl_greedy"] == summary["rl_greedy"]
+    with pytest.raises(ValueError, match=r"holds a demo run with other settings \(greedy\)"):
+        run_demo(out, "smoke", progress=False, greedy=False)
 
 
 @pytest.mark.slow

@@ -225,10 +225,11 @@ def test_eval_over_a_user_that_cannot_play_fails_clearly(tmp_path: Path, capsys)
     assert "cannot play task counter-test-000" in err
 
 
-def test_eval_leaves_the_episodes_a_teacher_could_not_play_out_and_says_so(tmp_path: Path, capsys) -> None:
+def test_eval_counts_the_episodes_a_teacher_could_not_play_as_failures_and_says_so(tmp_path: Path, capsys) -> None:
+    """A policy that cannot play a task failed it (issue 34): pass^1 is 0.5, not 1.0 over the other half."""
     code = main(["eval", "--domain", SPEC, "--policy", "counter_plugin:CannotPlayTeacher", "--user",
                  "counter_plugin:CounterUser", "--k", "1", "--quiet", "--out", str(tmp_path)])
     out = " ".join(capsys.readouterr().out.split())
-    assert code == 0 and "50.0% of episodes faulted (policy 2" in out
+    assert code == 0 and "50.0% of episodes faulted (policy 2; policy faults counted as failures" in out
     metrics = json.loads((tmp_path / "results.json").read_text())["metrics"]
-    assert metrics["faults"] == {"policy": 2} and metrics["episodes"] == 4
+    assert metrics["faults"] == {"policy": 2} and metrics["episodes"] == 4 and metrics["pass^1"] == 0.5

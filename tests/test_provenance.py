@@ -149,7 +149,7 @@ def test_demo_summary_records_both_models_and_the_user(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "build_model", lambda out, config, seed: base)
     monkeypatch.setattr(demo, "evaluate_model", lambda *args: {"pass^1": 0.5})
     monkeypatch.setattr(demo, "reinforce", lambda *args: trained)
-    monkeypatch.setattr(demo, "compare_evaluations", lambda out: {"metrics": []})
+    monkeypatch.setattr(demo, "compare_evaluations", lambda out, suffix="": {"metrics": []})
     monkeypatch.setattr(demo, "changed_conversations", lambda out: out / "changed.md")
     monkeypatch.setattr(demo, "plot", lambda out: [])
     summary = demo.run_demo(tmp_path / "demo", "smoke", progress=False)

@@ -102,7 +102,7 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
 
     from muarl.eval_cli import check_positive, limit_kwargs
     from muarl.factory import make_policy, make_user
-    from muarl.faults import require_unfaulted
+    from muarl.faults import SIDES, require_unfaulted
     from muarl.provenance import record
     from muarl.rollout import EpisodeConfig, RolloutEngine
 
@@ -128,10 +128,13 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     console = Console()
     table = Table(title=f"rollout {args.domain}/{args.split}: {args.policy} x {args.user}, n={args.n}")
-    for key in ("episodes", "success", "tcr", "violation rate", "sim faults", "mean turns", "malformed calls"):
-        table.add_column(key)
-    table.add_row(*(str(summary[k]) for k in ("episodes", "success", "tcr", "violation_rate", "sim_faults",
-                                                "mean_turns", "malformed_calls")))
+    columns = {"episodes": "episodes", "success": "success", **{f"{side}_fault_rate": f"{side} faults"
+                                                                for side in SIDES},
+               "tcr": "tcr", "violation_rate": "violation rate", "mean_turns": "mean turns",
+               "malformed_calls": "malformed calls"}
+    for label in columns.values():
+        table.add_column(label)
+    table.add_row(*(str(summary[k]) for k in columns))
     console.print(table)
     console.print(f"stop reasons: {summary['stop_reasons']}")
     if summary["faults"]:
@@ -145,18 +148,20 @@ def _rollout_cmd(args: argparse.Namespace) -> int:
 def _summary(trajs: list) -> dict:
     from collections import Counter
 
-    from muarl.faults import fault_counts
+    from muarl.faults import counts_against_policy, fault_counts, fault_rates
 
-    clean = [t for t in trajs if not t.fault_kind]  # faulted episodes say nothing about the agent
-    n = max(len(clean), 1)
-    rewards = [t.reward for t in clean if t.reward is not None]
+    # user and tool faults say nothing about the agent; a policy fault is the agent failing (reward 0)
+    trials = [t for t in trajs if counts_against_policy(t)]
+    n = max(len(trials), 1)
+    scored = [(t.reward if t.reward is not None and not t.fault_kind else None) for t in trials]
     return {
         "episodes": len(trajs),
-        "success": round(sum(r.reward for r in rewards) / n, 4),
-        "tcr": round(sum(r.tcr for r in rewards) / n, 4),
-        "violation_rate": round(sum(bool(r.violations) for r in rewards) / n, 4),
+        "success": round(sum(r.reward for r in scored if r) / n, 4),
+        **fault_rates(trajs),
+        "tcr": round(sum(r.tcr for r in scored if r) / n, 4),
+        "violation_rate": round(sum(bool(t.reward and t.reward.violations) for t in trials) / n, 4),
         "sim_faults": sum(t.sim_fault for t in trajs),
-        "mean_turns": round(sum(t.turns for t in clean) / n, 2),
+        "mean_turns": round(sum(t.turns for t in trials) / n, 2),
         "malformed_calls": sum(t.malformed_calls for t in trajs),
         "faults": fault_counts(trajs),
         "tool_errors": dict(Counter(r.error or "error" for t in trajs for r in t.tool_log if not r.ok)),

@@ -6,6 +6,13 @@ comes from which tasks happen to be in the set, so the bootstrap resamples *task
 (the same ids for both runs, which keeps the pairing) and recomputes the mean difference; the 2.5th and
 97.5th percentiles of those resamples are the 95% interval. An interval that excludes 0 is a difference
 the task set supports; one that straddles 0 is not (whatever the point estimate says).
+
+Several pairs of runs (one pair per training seed, say) pool into one estimate: the mean of every
+(task, pair) difference. Those differences are not independent: one task's differences under three seeds
+share the task (an easy task is easy under every seed), so treating 3 seeds x 50 tasks as 150 independent
+pairs understates the uncertainty about the task set. :func:`cluster_bootstrap` therefore resamples
+*tasks* and keeps each task's differences from every pair together (a cluster bootstrap); with one pair
+it is the paired bootstrap above.
 """
 
 from __future__ import annotations
@@ -18,11 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from muarl.evaluate import RESULTS, RUN_CONFIG, TRAJECTORIES, EvalResult, result_from_trajectories
+from muarl.evaluate import (
+    FAULT_COLUMNS,
+    RESULTS,
+    RUN_CONFIG,
+    TRAJECTORIES,
+    EvalResult,
+    result_from_trajectories,
+)
 from muarl.provenance import KEY as PROVENANCE
 from muarl.provenance import compare as compare_provenance
 
-#: per-task values compared by default, besides pass^1 .. pass^k (k: the smaller of the two runs' k)
+#: per-task values compared by default, besides pass^1 .. pass^k (k: the smallest of the runs' k) and the fault
+#: rates by party (:data:`muarl.evaluate.FAULT_COLUMNS`), which come right after pass^k
 DEFAULT_METRICS: tuple[str, ...] = ("accuracy", "tcr", "avg_turns", "violation_rate", "transfer_rate")
 
 
@@ -36,19 +51,28 @@ class MetricDiff:
     diff: float
     low: float
     high: float
+    #: distinct tasks (the bootstrap's clusters)
     tasks: int
+    #: (task, pair of runs) differences; equal to ``tasks`` for one pair
+    pairs: int
 
     @property
     def excludes_zero(self) -> bool:
         return self.low > 0 or self.high < 0
 
 
-def load_run(path: str | Path) -> EvalResult:
+def load_run(path: str | Path, recompute: bool = False) -> EvalResult:
     """A run directory with results.json, a results.json file, or a directory holding only a
-    trajectories.jsonl (an interrupted run: its metrics are computed from the trajectories)."""
+    trajectories.jsonl (an interrupted run: its metrics are computed from the trajectories).
+
+    ``recompute``: compute the metrics from a run directory's trajectories even when it has a results.json,
+    so that a run written by an older muarl is scored by today's rules (policy faults as failures) and has
+    today's per-task fields; its recorded provenance is kept."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such run: {path}")
+    if recompute and path.is_dir() and (path / TRAJECTORIES).exists():
+        return _from_trajectories(path)
     if path.is_dir() and not (path / RESULTS).exists():
         if (path / TRAJECTORIES).exists():
             return _from_trajectories(path)
@@ -82,30 +106,48 @@ def _from_trajectories(run_dir: Path) -> EvalResult:
     return result
 
 
-def paired_bootstrap(a: Sequence[float], b: Sequence[float], samples: int = 10_000, seed: int = 0,
-                     confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean of b - a, low, high): the percentile interval of the mean paired difference."""
-    if len(a) != len(b) or not a:
-        raise ValueError("paired bootstrap needs two equally long, non-empty lists")
+def cluster_bootstrap(clusters: Sequence[Sequence[float]], samples: int = 10_000, seed: int = 0,
+                      confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of the differences in ``clusters`` (one list per task: its differences B - A,
+    one per pair of runs that has the task), with the percentile interval of a bootstrap over clusters.
+
+    The estimate is the mean of all differences. A resample draws as many clusters as there are, with
+    replacement, and takes the mean of all the differences in the drawn clusters (a cluster with more
+    pairs weighs more, as it does in the estimate). Seeded: the same inputs and seed give the same
+    interval. Resampling whole clusters is what makes it honest when a task's differences agree across
+    seeds: they move together, and the interval is as wide as the task set warrants, not narrowed as if
+    each seed had brought new tasks."""
+    if not clusters or any(len(c) == 0 for c in clusters):
+        raise ValueError("a cluster bootstrap needs at least one cluster, and no empty one")
     if samples < 1 or not 0 < confidence < 1:
         raise ValueError("samples must be >= 1 and confidence in (0, 1)")
-    diffs = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    sums = np.array([float(np.sum(np.asarray(c, dtype=np.float64))) for c in clusters])
+    sizes = np.array([len(c) for c in clusters], dtype=np.float64)
     rng = np.random.default_rng(seed)
     means = np.empty(samples)
-    chunk = max(1, 2_000_000 // len(diffs))  # bounds memory for large task sets
+    chunk = max(1, 2_000_000 // len(sums))  # bounds memory for large task sets
     for start in range(0, samples, chunk):
         stop = min(samples, start + chunk)
-        idx = rng.integers(0, len(diffs), size=(stop - start, len(diffs)))
-        means[start:stop] = diffs[idx].mean(axis=1)
+        idx = rng.integers(0, len(sums), size=(stop - start, len(sums)))
+        means[start:stop] = sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
-    return float(diffs.mean()), float(low), float(high)
+    return float(sums.sum() / sizes.sum()), float(low), float(high)
 
 
-def available_metrics(run_a: EvalResult, run_b: EvalResult) -> list[str]:
-    """Per-task metrics both runs have: pass^1 .. pass^min(k) and the defaults."""
-    k = min(run_a.k, run_b.k)
-    return [f"pass^{j}" for j in range(1, k + 1)] + list(DEFAULT_METRICS)
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], samples: int = 10_000, seed: int = 0,
+                     confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean of b - a, low, high): the percentile interval of the mean paired difference; each pair is a
+    cluster of its own (:func:`cluster_bootstrap`)."""
+    if len(a) != len(b) or not a:
+        raise ValueError("paired bootstrap needs two equally long, non-empty lists")
+    return cluster_bootstrap([[y - x] for x, y in zip(a, b, strict=True)], samples, seed, confidence)
+
+
+def available_metrics(run_a: EvalResult, run_b: EvalResult, *more: EvalResult) -> list[str]:
+    """Per-task metrics all runs have: pass^1 .. pass^min(k), the fault rates by party and the defaults."""
+    k = min(run.k for run in (run_a, run_b, *more))
+    return [f"pass^{j}" for j in range(1, k + 1)] + list(FAULT_COLUMNS) + list(DEFAULT_METRICS)
 
 
 def compare_runs(run_a: EvalResult, run_b: EvalResult, metrics: Sequence[str] | None = None,
@@ -115,40 +157,77 @@ def compare_runs(run_a: EvalResult, run_b: EvalResult, metrics: Sequence[str] | 
     ``provenance`` lists, one line per field, where the two runs were made by different code, data, users
     or policies (:func:`muarl.provenance.compare`): a warning, not an error, since comparing two
     policies is the point, but the reader should know which other differences the numbers carry."""
-    dom_a, dom_b = run_a.config.get("domain"), run_b.config.get("domain")
-    if dom_a != dom_b:
-        raise ValueError(f"the runs evaluate different domains ({dom_a} vs {dom_b}); nothing to pair")
-    rows_a = {r["task_id"]: r for r in run_a.tasks}
-    rows_b = {r["task_id"]: r for r in run_b.tasks}
-    shared = [t for t in rows_a if t in rows_b]
-    if not shared:
-        raise ValueError(f"the runs share no task (A has {len(rows_a)}, B has {len(rows_b)}: different splits "
-                         "or task lists?)")
-    known = available_metrics(run_a, run_b)
+    report = compare_pairs([(run_a, run_b)], metrics, samples, seed, confidence)
+    report["provenance"] = report["provenance"][0]
+    return report
+
+
+def compare_pairs(pairs: Sequence[tuple[EvalResult, EvalResult]], metrics: Sequence[str] | None = None,
+                  samples: int = 10_000, seed: int = 0, confidence: float = 0.95) -> dict[str, Any]:
+    """Pool several pairs of evaluations (A_i, B_i) of one domain, say a cold start and its RL model under
+    each of three seeds, into one comparison: per metric the mean of every (task, pair) difference B_i - A_i
+    over the tasks each pair shares, with a :func:`cluster_bootstrap` interval over tasks (a task's
+    differences from every pair resampled together). With one pair it is the paired bootstrap.
+
+    ``shared_tasks`` counts distinct tasks (the clusters), ``task_pairs`` the (task, pair) differences;
+    each metric's ``tasks`` and ``pairs`` count those that have the metric. ``provenance`` holds one
+    :func:`muarl.provenance.compare` per pair. Raises ValueError when the runs cannot be compared."""
+    if not pairs:
+        raise ValueError("nothing to compare: no pair of runs")
+    domains = {run.config.get("domain") for pair in pairs for run in pair}
+    if len(domains) > 1:
+        shown = " vs ".join(str(d) for d in dict.fromkeys(run.config.get("domain") for p in pairs for run in p))
+        raise ValueError(f"the runs evaluate different domains ({shown}); nothing to pair")
+    shared: list[list[str]] = []
+    rows: list[tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]] = []
+    only_a = only_b = 0
+    for i, (run_a, run_b) in enumerate(pairs):
+        rows_a = {r["task_id"]: r for r in run_a.tasks}
+        rows_b = {r["task_id"]: r for r in run_b.tasks}
+        common = [t for t in rows_a if t in rows_b]
+        if not common:
+            which = f" in pair {i + 1}" if len(pairs) > 1 else ""
+            raise ValueError(f"the runs{which} share no task (A has {len(rows_a)}, B has {len(rows_b)}: different "
+                             "splits or task lists?)")
+        shared.append(common)
+        rows.append((rows_a, rows_b))
+        only_a += len(rows_a) - len(common)
+        only_b += len(rows_b) - len(common)
+    known = available_metrics(*(run for pair in pairs for run in pair))
     wanted = list(metrics) if metrics else known
     unknown = [m for m in wanted if m not in known]
     if unknown:
         raise ValueError(f"unknown metric(s) {', '.join(unknown)}; these runs have: {', '.join(known)}")
     diffs = []
     for metric in wanted:
-        pairs = [(rows_a[t][metric], rows_b[t][metric]) for t in shared
-                 if rows_a[t].get(metric) is not None and rows_b[t].get(metric) is not None]
-        if not pairs:
+        clusters: dict[str, list[float]] = {}
+        a_values: list[float] = []
+        b_values: list[float] = []
+        for (rows_a, rows_b), common in zip(rows, shared, strict=True):
+            for t in common:
+                a, b = rows_a[t].get(metric), rows_b[t].get(metric)
+                if a is None or b is None:
+                    continue  # pass^3 of a task without 3 trials; a metric a run written by older muarl lacks
+                clusters.setdefault(t, []).append(b - a)
+                a_values.append(a)
+                b_values.append(b)
+        if not clusters:
             continue  # e.g. pass^3 when no shared task has 3 trials in both runs
-        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
-        mean, low, high = paired_bootstrap(a, b, samples, seed, confidence)
-        diffs.append(MetricDiff(metric, _r(sum(a) / len(a)), _r(sum(b) / len(b)), _r(mean), _r(low), _r(high),
-                                len(pairs)))
+        mean, low, high = cluster_bootstrap(list(clusters.values()), samples, seed, confidence)
+        diffs.append(MetricDiff(metric, _r(sum(a_values) / len(a_values)), _r(sum(b_values) / len(b_values)),
+                                _r(mean), _r(low), _r(high), len(clusters), len(a_values)))
     return {
-        "domain": dom_a,
-        "shared_tasks": len(shared),
-        "only_a": len(rows_a) - len(shared),
-        "only_b": len(rows_b) - len(shared),
+        "domain": next(iter(domains)),
+        "pairs": len(pairs),
+        "shared_tasks": len({t for common in shared for t in common}),
+        "task_pairs": sum(map(len, shared)),
+        "only_a": only_a,
+        "only_b": only_b,
         "samples": samples,
         "seed": seed,
         "confidence": confidence,
         "metrics": [{**asdict(d), "excludes_zero": d.excludes_zero} for d in diffs],
-        "provenance": compare_provenance(run_a.provenance, run_b.provenance),
+        "provenance": [compare_provenance(a.provenance, b.provenance) for a, b in pairs],
     }
 
 

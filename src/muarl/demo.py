@@ -7,17 +7,20 @@ Top to bottom, each stage in its own folder of the run directory:
    With ``base="scratch"`` the older recipe instead: the embedded model from random weights, then
    ``synth/`` (the expert teacher against the scripted user; clean wins), ``sft-prefix/`` (optional, SFT
    on the conversations' openings) and ``sft/`` (SFT on whole conversations).
-2. ``eval-sft/``: the cold start on held-out test tasks, ``k`` sampled trials each.
+2. ``eval-sft/``: the cold start on held-out test tasks, ``k`` sampled trials each (T = 1);
+   ``eval-sft-greedy/``: the same tasks and users, greedy (T = 0).
 3. ``grpo/``: GRPO from it with the scripted user in every rollout.
-4. ``eval-rl/``: the RL model on the same test tasks, same users, same trials.
-5. ``summary.json``, ``comparison.json`` (paired bootstrap intervals, as ``muarl compare``),
-   ``changed.md`` (held-out conversations that changed), ``plots/`` and ``report.html``.
+4. ``eval-rl/``, ``eval-rl-greedy/``: the RL model on the same test tasks, same users, same trials.
+5. ``summary.json``, ``comparison.json`` and ``comparison-greedy.json`` (paired bootstrap intervals, as
+   ``muarl compare``), ``changed.md`` (held-out conversations that changed), ``plots/`` and ``report.html``.
 
 The domain is ``retail-lite-forgetful``: retail narrowed to cancelling and returning, with terse tools
 (short enough conversations to learn on two cores), played by users of whom only a quarter remember
 the email on their account, where the cold start saw 70%: its habit of asking for the email first fails
 on most of them, and RL with the simulated user in the loop has something to teach. Evaluation samples at the training
-temperature: the demo shows what RL changes in the policy the model actually is. Every stage resumes:
+temperature: the demo shows what RL changes in the policy the model actually is; the greedy evaluations
+(``greedy=True``, the default) show the same for the model's most likely answers, which is how a model is
+usually deployed and evaluated (``muarl eval``'s default). Every stage resumes:
 rerunning the same command after an interruption continues where it stopped (finished stages are
 skipped, training resumes from its last checkpoint, evaluation from its last finished episode).
 """
@@ -83,6 +86,8 @@ class DemoConfig:
     eval_tasks: int = 50
     eval_k: int = 4
     temperature: float = 1.0
+    # also evaluate greedily (T = 0), before and after RL, on the same tasks and users: two more evaluations
+    greedy: bool = True
 
 
 PRESETS: dict[str, DemoConfig] = {
@@ -195,8 +200,10 @@ def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: b
     return folder / "model"
 
 
-def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: int, progress: bool) -> dict[str, Any]:
-    """Stages 4 and 6: ``k`` sampled trials of the first ``eval_tasks`` test tasks (same users for both)."""
+def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: int, progress: bool,
+                   temperature: float | None = None) -> dict[str, Any]:
+    """Stages 4 and 6: ``k`` trials of the first ``eval_tasks`` test tasks (same users for both), sampled at
+    the training temperature unless ``temperature`` is given (0: greedy)."""
     from muarl.domain import get_domain
     from muarl.evaluate import evaluate
     from muarl.models import load
@@ -205,10 +212,11 @@ def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: 
     from muarl.users.scripted import ScriptedUser
 
     domain = get_domain(config.domain)
-    policy = HFPolicy(load(model), temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
+    temperature = config.temperature if temperature is None else temperature
+    policy = HFPolicy(load(model), temperature=temperature, max_new_tokens=config.max_new_tokens, seed=seed)
     result = evaluate(domain, policy, ScriptedUser(), domain.tasks("test")[:config.eval_tasks], k=config.eval_k,
                       out_dir=out / name, config=EpisodeConfig(max_turns=config.max_turns), seed=seed,
-                      progress=progress, meta={"model": str(model), "temperature": config.temperature})
+                      progress=progress, meta={"model": str(model), "temperature": temperature})
     return result.metrics
 
 
@@ -225,12 +233,13 @@ def provenance(config: DemoConfig, cold_start: Path, rl_model: Path) -> dict[str
     return found
 
 
-def compare_evaluations(out: Path) -> dict[str, Any]:
-    """``comparison.json``: after RL minus cold start per metric, paired over tasks with 95% bootstrap intervals."""
+def compare_evaluations(out: Path, suffix: str = "") -> dict[str, Any]:
+    """``comparison.json``: after RL minus cold start per metric, paired over tasks with 95% bootstrap intervals
+    (``suffix="-greedy"``: the greedy evaluations, ``comparison-greedy.json``)."""
     from muarl.compare import compare_runs, load_run
 
-    comparison = compare_runs(load_run(out / "eval-sft"), load_run(out / "eval-rl"))
-    (out / "comparison.json").write_text(json.dumps(comparison, indent=1) + "\n")
+    comparison = compare_runs(load_run(out / f"eval-sft{suffix}"), load_run(out / f"eval-rl{suffix}"))
+    (out / f"comparison{suffix}.json").write_text(json.dumps(comparison, indent=1) + "\n")
     return comparison
 
 
@@ -275,26 +284,46 @@ def changed_conversations(out: Path, shown: int = 3) -> Path:
     return path
 
 
-ROWS = (("success (pass^1)", "pass^1"), ("pass^k", None), ("TCR", "tcr"), ("avg turns", "avg_turns"),
-        ("violation rate", "violation_rate"), ("malformed calls / episode", "malformed_calls"))
+#: the demo table's rows; "faults" is the fault rate by party, beside success because a policy fault counts
+#: as a failure in pass^1 and a user or tool fault is left out of it
+ROWS = (("success (pass^1)", "pass^1"), ("fault rate: policy / user / tool", "faults"), ("pass^k", None),
+        ("TCR", "tcr"), ("avg turns", "avg_turns"), ("violation rate", "violation_rate"),
+        ("malformed calls / episode", "malformed_calls"))
+FAULT_KEYS = ("policy_fault_rate", "user_fault_rate", "tool_fault_rate")
 
 
 def _value(metrics: dict[str, Any], key: str | None, k: int) -> float:
     return float(metrics.get(key or f"pass^{k}") or 0.0)
 
 
-def table(before: dict[str, Any], after: dict[str, Any], k: int,
-          comparison: dict[str, Any] | None = None) -> Table:
-    """Cold start vs after RL, metric by metric, with the paired 95% interval of the change where known."""
-    intervals = {m["metric"]: m for m in (comparison or {}).get("metrics", [])}
-    t = Table(title="held-out test tasks: cold start vs after GRPO")
+def table(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
+          greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None,
+          temperature: float = 1.0) -> Table:
+    """Cold start vs after RL, metric by metric, with the paired 95% interval of the change where known;
+    ``greedy`` (before, after, comparison at T = 0) adds the greedy success and faults right below the
+    sampled ones, so the two read side by side."""
+    title = "held-out test tasks: cold start vs after GRPO"
+    t = Table(title=title + (f" (T = {temperature:g} unless marked T = 0)" if greedy else ""))
     for col in ("metric", "cold start", "after RL", "change", "95% interval"):
         t.add_column(col, justify="left" if col == "metric" else "right")
-    for label, key in ROWS:
-        a, b = _value(before, key, k), _value(after, key, k)
-        m = intervals.get(key or f"pass^{k}")
+
+    def row(label: str, key: str | None, a_metrics: dict[str, Any], b_metrics: dict[str, Any],
+            cmp: dict[str, Any] | None) -> None:
+        if key == "faults":  # one row, three parties: the interval column stays for single metrics
+            a, b = ([_value(m, f, k) for f in FAULT_KEYS] for m in (a_metrics, b_metrics))
+            t.add_row(label, " / ".join(f"{x:.3f}" for x in a), " / ".join(f"{x:.3f}" for x in b),
+                      " / ".join(f"{y - x:+.3f}" for x, y in zip(a, b, strict=True)), "")
+            return
+        m = {d["metric"]: d for d in (cmp or {}).get("metrics", [])}.get(key or f"pass^{k}")
+        a, b = _value(a_metrics, key, k), _value(b_metrics, key, k)
         t.add_row(label.replace("pass^k", f"pass^{k}"), f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}",
                   f"[{m['low']:+.3f}, {m['high']:+.3f}]" if m else "")
+
+    for label, key in ROWS:
+        row(label, key, before, after, comparison)
+        if greedy and key == "faults":  # the greedy success and faults right below the sampled ones
+            for g_label, g_key in ROWS[:2]:
+                row(f"{g_label}, T = 0", g_key, *greedy)
     return t
 
 
@@ -357,7 +386,7 @@ def plot(out: Path) -> list[Path]:
     return written
 
 
-STAGES = ("model", "synth", "sft-prefix", "sft", "eval-sft", "grpo", "eval-rl")
+STAGES = ("model", "synth", "sft-prefix", "sft", "eval-sft", "eval-sft-greedy", "grpo", "eval-rl", "eval-rl-greedy")
 
 
 def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int = 0, progress: bool = True,
@@ -377,8 +406,13 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     recorded = out / "demo.json"
     settings = {"preset": preset, "seed": seed, **asdict(config)}
     settings["synth_families"] = list(config.synth_families)
-    if recorded.exists() and json.loads(recorded.read_text()) != settings:
-        raise ValueError(f"{out} holds a demo run with other settings; use another --out")
+    if recorded.exists():
+        # a knob added after the run was recorded had its default value then (the greedy evaluations, say)
+        defaults = {**asdict(DemoConfig()), "synth_families": []}
+        then = {**defaults, **json.loads(recorded.read_text())}
+        differ = sorted(key for key in settings if then.get(key) != settings[key])
+        if differ:
+            raise ValueError(f"{out} holds a demo run with other settings ({', '.join(differ)}); use another --out")
     recorded.write_text(json.dumps(settings, indent=1) + "\n")
     console = Console()
     clock: dict[str, float] = {}
@@ -405,8 +439,14 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
                 model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
             sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
         before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
+        if config.greedy:
+            before_greedy = stage("eval-sft-greedy", evaluate_model, out, "eval-sft-greedy", config, sft_model, seed,
+                                  progress, 0.0)
         rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)
         after = stage("eval-rl", evaluate_model, out, "eval-rl", config, rl_model, seed, progress)
+        if config.greedy:
+            after_greedy = stage("eval-rl-greedy", evaluate_model, out, "eval-rl-greedy", config, rl_model, seed,
+                                 progress, 0.0)
     except Stopped:
         console.print(f"stopped after {stop_after} ({sum(clock.values()):.0f} s); rerun without --stop-after to go on")
         return {"preset": preset, "seed": seed, "stopped_after": stop_after, "seconds": clock}
@@ -415,6 +455,12 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
                "total_seconds": round(sum(clock.values()), 1)}
     comparison = compare_evaluations(out)
     summary["comparison"] = {m["metric"]: [m["diff"], m["low"], m["high"]] for m in comparison["metrics"]}
+    greedy = None
+    if config.greedy:
+        comparison_greedy = compare_evaluations(out, "-greedy")
+        summary.update({"sft_greedy": before_greedy, "rl_greedy": after_greedy, "comparison_greedy": {
+            m["metric"]: [m["diff"], m["low"], m["high"]] for m in comparison_greedy["metrics"]}})
+        greedy = (before_greedy, after_greedy, comparison_greedy)
     summary["provenance"] = provenance(config, sft_model, rl_model)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     changed = changed_conversations(out)
@@ -425,7 +471,7 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
         build_report(out / "grpo", out / "report.html")
     except Exception as err:  # the report is a convenience: never lose a finished demo over it
         console.print(f"[yellow]report not written: {err}")
-    console.print(table(before, after, config.eval_k, comparison))
+    console.print(table(before, after, config.eval_k, comparison, greedy, config.temperature))
     console.print(f"total {summary['total_seconds']:.0f} s; run directory {out} (plots/, report.html, summary.json, "
                   f"{changed.name}: held-out conversations RL changed)")
     return summary
@@ -453,6 +499,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--mask-truncated", action=argparse.BooleanOptionalAction, default=None,
                    help="leave episodes cut at the per-turn token limit out of the gradient (DAPO's overlong filtering)")
     p.add_argument("--eval-tasks", type=int, help="override how many test tasks are evaluated")
+    p.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
+                   help="also evaluate greedily (T = 0) before and after RL, same tasks and users (default on; "
+                        "two more evaluations)")
     recipe = p.add_argument_group("with --base scratch: the model and SFT recipe (docs/research/; default: the "
                                   "preset's)")
     recipe.add_argument("--head-dim", type=int, help="attention head width (0: hidden size / heads)")
@@ -469,7 +518,7 @@ def add_commands(sub: Any) -> None:
 
     def run(args: Any) -> int:
         knobs = ("base", "domain", "grpo_steps", "grpo_lr", "num_iterations", "kl_beta", "violation_reward",
-                 "mask_truncated", "eval_tasks", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
+                 "mask_truncated", "eval_tasks", "greedy", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
                  "fresh_ids", "sft_epochs", "sft_batch")
         run_demo(args.out, args.preset, args.seed, progress=not args.quiet, stop_after=args.stop_after,
                  **{k: getattr(args, k) for k in knobs})

@@ -39,8 +39,8 @@ def add_limit_options(p: argparse.ArgumentParser, defaults: bool = True) -> None
                                 ("--agent-timeout", AGENT_TIMEOUT_S, "one agent turn"),
                                 ("--tool-timeout", TOOL_TIMEOUT_S, "one tool call")):
         p.add_argument(flag, type=float, default=default if defaults else None, metavar="SECONDS",
-                       help=f"time limit of {what}; past it the episode is a fault, left out of the metrics "
-                            f"(default {default:g}; 0: no limit)")
+                       help=f"time limit of {what}; past it the episode is a fault (default {default:g}; 0: "
+                            "no limit)")
     p.add_argument("--user-http-timeout", type=float, default=None, metavar="SECONDS",
                    help=f"llm: users: seconds one HTTP request to the user's endpoint may take before it is "
                         f"retried (default {HTTP_TIMEOUT_S:g})")
@@ -99,17 +99,22 @@ def _eval_cmd(args: argparse.Namespace) -> int:
                   f"{t['wall_s']:.1f} s; wrote {out / RESULTS}, {out / REPORT} and {out / TRAJECTORIES}")
     if result.metrics.get("fault_rate"):
         kinds = ", ".join(f"{kind} {n}" for kind, n in result.metrics["faults"].items())
-        console.print(f"[yellow]{result.metrics['fault_rate']:.1%} of episodes faulted ({kinds}; "
-                      f"{args.sim_faults}d from the metrics; each trajectory's metadata.fault says why)[/yellow]")
+        rule = ("policy faults counted as failures, user and tool faults left out of the metrics"
+                if args.sim_faults == "exclude" else "every fault counted as a failure")
+        console.print(f"[yellow]{result.metrics['fault_rate']:.1%} of episodes faulted ({kinds}; {rule}; each "
+                      "trajectory's metadata.fault says why)[/yellow]")
     return 0
 
 
 def print_metrics(console: Console, result: Any) -> None:
     """The headline metrics, stop reasons and tool-call mix of one evaluation."""
+    from muarl.evaluate import FAULT_COLUMNS
+
     m, c, k = result.metrics, result.config, result.k
-    keys = [f"pass^{j}" for j in range(1, k + 1)] + ["accuracy", "tcr", "avg_turns", "violation_rate",
-                                                      "transfer_rate", "sim_fault_rate", "fault_rate",
-                                                      "tool_error_rate"]
+    # the fault rates by party right after the pass^j rows: pass^1 counts policy faults as failures and
+    # leaves user and tool faults out, so it is read together with them
+    keys = [f"pass^{j}" for j in range(1, k + 1)] + [*FAULT_COLUMNS, "accuracy", "tcr", "avg_turns",
+                                                      "violation_rate", "transfer_rate", "tool_error_rate"]
     table = Table(title=f"eval {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}, "
                         f"{m['tasks']} tasks, {m['episodes']} episodes")
     table.add_column("metric")
@@ -140,48 +145,71 @@ def print_tasks(console: Console, result: Any) -> None:
 
 
 def _compare_cmd(args: argparse.Namespace) -> int:
-    from muarl.compare import compare_runs, load_run
+    from muarl.compare import compare_pairs, load_run
 
     check_positive(args, "samples")
     if not 0 < args.confidence < 1:
         raise ValueError(f"--confidence must be between 0 and 1 (got {args.confidence})")
-    run_a, run_b = load_run(args.run_a), load_run(args.run_b)
-    report = compare_runs(run_a, run_b, args.metrics, samples=args.samples, seed=args.seed,
-                          confidence=args.confidence)
-    report.update({"run_a": args.run_a, "run_b": args.run_b})
+    if len(args.runs) < 2 or len(args.runs) % 2:
+        raise ValueError(f"compare takes runs in pairs, RUN_A RUN_B [RUN_A2 RUN_B2 ...] (got {len(args.runs)} "
+                         f"run{'s' if len(args.runs) != 1 else ''})")
+    names = list(zip(args.runs[::2], args.runs[1::2], strict=True))
+    pairs = [(load_run(a), load_run(b)) for a, b in names]
+    report = compare_pairs(pairs, args.metrics, samples=args.samples, seed=args.seed, confidence=args.confidence)
+    report["run_pairs"] = [list(pair) for pair in names]
+    if len(names) == 1:
+        report.update({"run_a": names[0][0], "run_b": names[0][1], "provenance": report["provenance"][0]})
     if args.json:
         print(json.dumps(report, indent=1))
-        print_provenance(report["provenance"])
+        _print_provenances(report["provenance"])
         return 0
     console = Console()
     pct = f"{report['confidence']:.0%}"
-    table = Table(title=f"{args.run_b} (B) vs {args.run_a} (A): {report['domain']}, {report['shared_tasks']} shared "
-                        f"tasks, paired bootstrap over tasks ({report['samples']} resamples)")
-    for col in ("metric", "A", "B", "B - A", f"{pct} CI", "excludes 0", "tasks"):
+    several = len(names) > 1
+    if several:
+        title = (f"B - A pooled over {len(names)} pairs of runs: {report['domain']}, {report['shared_tasks']} tasks "
+                 f"({report['task_pairs']} task pairs), cluster bootstrap over tasks, a task's pairs kept together "
+                 f"({report['samples']} resamples)")
+    else:
+        title = (f"{names[0][1]} (B) vs {names[0][0]} (A): {report['domain']}, {report['shared_tasks']} shared tasks, "
+                 f"paired bootstrap over tasks ({report['samples']} resamples)")
+    table = Table(title=title)
+    columns = ["metric", "A", "B", "B - A", f"{pct} CI", "excludes 0", "tasks"] + (["task pairs"] if several else [])
+    for col in columns:
         table.add_column(col, justify="left" if col == "metric" else "right")
     for d in report["metrics"]:
         mark = "[bold]yes[/bold]" if d["excludes_zero"] else "no"  # better or worse depends on the metric
-        table.add_row(d["metric"], _fmt(d["a"]), _fmt(d["b"]), f"{d['diff']:+.3f}",
-                      f"[{d['low']:+.3f}, {d['high']:+.3f}]", mark, str(d["tasks"]))
+        table.add_row(d["metric"].replace("_fault_rate", " fault rate"), _fmt(d["a"]), _fmt(d["b"]),
+                      f"{d['diff']:+.3f}", f"[{d['low']:+.3f}, {d['high']:+.3f}]", mark, str(d["tasks"]),
+                      *([str(d["pairs"])] if several else []))
     console.print(table)
     if report["only_a"] or report["only_b"]:
         console.print(f"[yellow]{report['only_a']} task(s) only in A and {report['only_b']} only in B were left "
                       "out[/yellow]")
     sig = [d["metric"] for d in report["metrics"] if d["excludes_zero"]]
     console.print("differences whose interval excludes 0: " + (", ".join(sig) if sig else "none"))
-    print_provenance(report["provenance"])
+    _print_provenances(report["provenance"])
     return 0
 
 
-def print_provenance(found: dict[str, Any]) -> None:
+def _print_provenances(found: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """One pair's provenance differences as they are; several pairs' each under its pair's number."""
+    if isinstance(found, dict):
+        print_provenance(found)
+        return
+    for i, one in enumerate(found, 1):
+        print_provenance(one, f"pair {i}: ")
+
+
+def print_provenance(found: dict[str, Any], prefix: str = "") -> None:
     """The runs' provenance differences, one warning line per field (stderr, unwrapped, so that each stays
     one greppable line), or the note that a run has no record."""
     import sys
 
     for line in found["warnings"]:
-        print(f"warning: the runs differ in {line}", file=sys.stderr)
+        print(f"warning: {prefix}the runs differ in {line}", file=sys.stderr)
     if found["note"]:
-        print(f"note: {found['note']}", file=sys.stderr)
+        print(f"note: {prefix}{found['note']}", file=sys.stderr)
 
 
 def _chat_cmd(args: argparse.Namespace) -> int:
@@ -232,18 +260,22 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--tasks", nargs="+", metavar="ID", help="only these task ids (any split)")
     p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once (default 64)")
     p.add_argument("--sim-faults", choices=SIM_FAULT_MODES, default="exclude",
-                   help="faulted episodes (user, policy or tool faults and timeouts): left out of the metrics "
-                        "(default) or counted as failures")
+                   help="episodes a user or tool fault (or timeout) ended: left out of the metrics (default) or "
+                        "counted as failures; a policy fault is always a failure")
     p.add_argument("--show-tasks", action="store_true", help="also print the per-task table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _episode_options(p)
     add_limit_options(p)
     p.set_defaults(func=_eval_cmd)
 
-    p = sub.add_parser("compare", help="per-metric differences of two eval runs with paired bootstrap CIs")
-    p.add_argument("run_a", help="baseline run directory (or its results.json)")
-    p.add_argument("run_b", help="the run compared with it; differences are B - A")
-    p.add_argument("--metrics", nargs="+", help="default: pass^1..pass^k (k shared), accuracy, tcr, avg_turns, "
+    p = sub.add_parser("compare", help="per-metric differences of eval runs (B - A) with bootstrap CIs over tasks; "
+                                       "several pairs (one per seed) pool, a task's pairs resampled together")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="RUN_A RUN_B: the baseline run directory (or its results.json) and the run compared with it "
+                        "(differences are B - A); more pairs RUN_A2 RUN_B2 ... (say one per training seed) pool into "
+                        "one estimate with a cluster bootstrap over tasks")
+    p.add_argument("--metrics", nargs="+", help="default: pass^1..pass^k (k shared), policy_fault_rate, "
+                                                "user_fault_rate, tool_fault_rate, accuracy, tcr, avg_turns, "
                                                 "violation_rate, transfer_rate")
     p.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples")
     p.add_argument("--confidence", type=float, default=0.95, help="interval coverage")

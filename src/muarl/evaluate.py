@@ -7,15 +7,17 @@ moment it ends, so a killed evaluation loses nothing and a rerun with the same d
 missing trials; the metrics are computed from the trajectories in task and trial order, never in
 completion order, so a resumed run reports exactly what an uninterrupted one would.
 
-Faulted episodes (the user simulator broke after its retries, or a user, policy session or tool raised,
-returned something malformed or ran out of time: see :mod:`muarl.faults`) are by default *left out* of
-every denominator: such an episode says nothing about the agent, the training loop masks it for the same
-reason, and ``fault_rate`` / ``faults`` (by kind) and ``sim_fault_rate`` (user faults) report how many
-there were so nothing is hidden. ``sim_faults="fail"`` counts them as failed trials instead (tau-bench
-counts every episode), for comparisons with numbers computed that way. A run in which every episode
-faulted raises :class:`~muarl.faults.AllEpisodesFaulted` (after writing its results) rather than report
-metrics over nothing. Tool failures the agent saw (errors by kind, ``tool_error_rate``) are counted over
-every episode.
+Faulted episodes (see :mod:`muarl.faults`) are treated by whose fault it was. A *policy* fault (the
+policy under evaluation raised, returned something malformed or ran past its time limit) is a failed
+trial (reward 0) in every metric: a policy that breaks on the hard tasks must not score as if those
+tasks did not exist. A *user* or *tool* fault (the simulator or a tool server broke) says nothing about
+the agent and is by default *left out* of every denominator; ``sim_faults="fail"`` counts those as
+failed trials too (tau-bench counts every episode), for comparisons with numbers computed that way.
+``policy_fault_rate``, ``user_fault_rate`` and ``tool_fault_rate`` (over every episode) stand beside
+pass^1 in every results table, and ``faults`` counts them by kind, so nothing is hidden. A run in which
+every episode faulted raises :class:`~muarl.faults.AllEpisodesFaulted` (after writing its results) rather
+than report metrics over nothing. Tool failures the agent saw (errors by kind, ``tool_error_rate``) are
+counted over every episode.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from muarl.domain import Domain
-from muarl.faults import fault_counts, require_unfaulted
+from muarl.faults import SIDES, counts_against_policy, fault_counts, fault_rates, require_unfaulted, side_of
 from muarl.policies.base import Policy
 from muarl.provenance import record as provenance_record
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
@@ -47,6 +49,8 @@ SIM_FAULT_MODES: tuple[str, ...] = ("exclude", "fail")
 IDENTITY_KEYS: tuple[str, ...] = ("domain", "policy", "user", "seed", "max_turns", "end_on_malformed",
                                   "require_outputs", "temperature", "top_p", "max_new_tokens")
 RESULTS, REPORT, TRAJECTORIES, RUN_CONFIG = "results.json", "results.md", "trajectories.jsonl", "config.json"
+#: the fault rates every results table shows beside pass^1 (metric key: column label)
+FAULT_COLUMNS: dict[str, str] = {f"{side}_fault_rate": f"{side} fault rate" for side in SIDES}
 
 
 # -- metrics -------------------------------------------------------------------------------------------------
@@ -64,12 +68,14 @@ def pass_hat_k(n: int, c: int, k: int) -> float | None:
 
 
 def _counts(traj: Trajectory, sim_faults: SimFaults) -> bool:
-    """Whether an episode is a trial that enters the denominators."""
-    return not (traj.fault_kind and sim_faults == "exclude")
+    """Whether an episode is a trial that enters the denominators: always when it is the policy's to answer
+    for (clean, or a policy fault), a user or tool fault only with ``sim_faults="fail"``."""
+    return counts_against_policy(traj) or sim_faults == "fail"
 
 
 def _reward(traj: Trajectory) -> float:
-    """The trial's reward; a faulted episode that is counted is a failure whatever the final DB says."""
+    """The trial's reward; a faulted episode that is counted is a failure whatever the final DB says (a
+    policy that broke after its last write did not finish the conversation)."""
     if traj.fault_kind or traj.reward is None:
         return 0.0
     return traj.reward.reward
@@ -113,6 +119,7 @@ def task_row(task_id: str, family: str, trajs: Sequence[Trajectory], k: int,
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
         "sim_faults": sum(t.sim_fault for t in trajs),
         "faults": sum(bool(t.fault_kind) for t in trajs),
+        **fault_rates(trajs),
         "rewards": [_reward(t) if _counts(t, sim_faults) else None for t in trajs],
     })
     return row
@@ -123,8 +130,9 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
     """(metrics, per-task rows, per-family metrics) of one evaluation; ``groups`` holds each task's trials.
 
     Episode-level means (accuracy, TCR, turns, rates, tool calls) are over trials, i.e. over every episode
-    except, with ``sim_faults="exclude"``, faulted ones; ``pass^j`` is the mean over the tasks that have
-    at least j trials; ``stop_reasons``, the fault counts and the tool-error counts cover every episode.
+    except, with ``sim_faults="exclude"``, user and tool faults (policy faults are failed trials);
+    ``pass^j`` is the mean over the tasks that have at least j trials; ``stop_reasons``, the fault rates
+    and counts and the tool-error counts cover every episode.
     """
     if sim_faults not in SIM_FAULT_MODES:
         raise ValueError(f"sim_faults must be one of {SIM_FAULT_MODES}, not {sim_faults!r}")
@@ -160,6 +168,7 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
         "malformed_calls": _mean([t.malformed_calls for t in trials]),
         "sim_fault_rate": _mean([float(t.sim_fault) for t in everything]),
         "fault_rate": _mean([float(bool(t.fault_kind)) for t in everything]),
+        **fault_rates(everything),
         "faults": fault_counts(everything),
         **_tool_errors(everything),
         "stop_reasons": dict(Counter(t.stop_reason for t in everything).most_common()),
@@ -228,19 +237,25 @@ class EvalResult:
         """results.md: the headline metrics, stop reasons, tool-call mix, families and the per-task table."""
         c, m, k = self.config, self.metrics, self.k
         passes = [f"pass^{j}" for j in range(1, k + 1)]
+        excluded = c.get("sim_faults", "exclude") == "exclude"
+        rule = ("policy faults counted as failures, user and tool faults left out" if excluded
+                else "every fault counted as a failure")
+        heads = [*passes, *FAULT_COLUMNS.values(), "accuracy", "TCR", "avg turns", "violation rate", "transfer rate",
+                 "tool error rate"]
+        keys = [*passes, *FAULT_COLUMNS, "accuracy", "tcr", "avg_turns", "violation_rate", "transfer_rate",
+                "tool_error_rate"]
         lines = [f"# Evaluation: {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}",
-                 "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; faults "
-                 f"{c.get('sim_faults', 'exclude')}d), seed {c.get('seed')}, max turns {c.get('max_turns')}.", "",
-                 "| " + " | ".join([*passes, "accuracy", "TCR", "avg turns", "violation rate", "transfer rate",
-                                    "sim-fault rate", "fault rate", "tool error rate"]) + " |",
-                 "|" + "---|" * (k + 8),
-                 "| " + " | ".join(_fmt(m.get(key)) for key in [*passes, "accuracy", "tcr", "avg_turns",
-                                                                 "violation_rate", "transfer_rate", "sim_fault_rate",
-                                                                 "fault_rate", "tool_error_rate"]) + " |", ""]
+                 "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; {rule}), seed "
+                 f"{c.get('seed')}, max turns {c.get('max_turns')}.", "",
+                 "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads),
+                 "| " + " | ".join(_fmt(m.get(key)) for key in keys) + " |", ""]
         if m.get("faults"):
-            lines += ["## Faults (left out of the metrics)" if c.get("sim_faults", "exclude") == "exclude"
-                      else "## Faults (counted as failures)", "", "| kind | episodes |", "|---|---|"]
-            lines += [f"| {kind} | {n} |" for kind, n in m["faults"].items()] + [""]
+            counted = {kind: not excluded or side_of(kind) == "policy" for kind in m["faults"]}
+            heading = ("counted as failures" if all(counted.values()) else "left out of the metrics"
+                       if not any(counted.values()) else "policy faults counted as failures, the others left out")
+            lines += [f"## Faults ({heading})", "", "| kind | episodes | in the metrics |", "|---|---|---|"]
+            lines += [f"| {kind} | {n} | {'as failures' if counted[kind] else 'left out'} |"
+                      for kind, n in m["faults"].items()] + [""]
         if m.get("tool_errors"):
             lines += ["## Tool errors (every episode)", "", "| error | calls |", "|---|---|"]
             lines += [f"| {kind} | {n} |" for kind, n in m["tool_errors"].items()] + [""]

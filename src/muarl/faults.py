@@ -4,9 +4,15 @@ Why this exists: one broken user, policy backend or tool must cost one episode, 
 episode loop (:mod:`muarl.rollout`) turns every exception, malformed return and time-limit hit of those
 three parties into an :class:`EpisodeFault`; :func:`muarl.rollout.run_episode` records it in the
 trajectory's ``metadata["fault"]`` (kind, message, traceback) and returns normally, so the other episodes
-run on and are saved. A faulted episode says nothing about the agent: evaluation leaves it out of the
-success metrics (as simulator faults always were) and GRPO masks it from the gradient; both count faults
-by kind so nothing is hidden.
+run on and are saved.
+
+Whose fault it was decides how the metrics treat it (:func:`counts_against_policy`). A user or tool fault
+says nothing about the agent (the simulator or the tool server broke), so evaluation leaves it out of the
+success metrics. A policy fault is the agent under evaluation breaking (it raised, returned garbage or
+ran past its time limit): a policy that breaks on the hard tasks must not score as if they did not
+exist, so it counts as a failure (reward 0) in every metric. GRPO masks every kind from the gradient (a
+faulted episode's tokens are not a sample of the policy's behaviour to learn from), and everything counts
+faults by kind (:func:`fault_rates`) so nothing is hidden.
 
 Kinds name the party and whether it broke or ran out of time: ``user``, ``user_timeout``, ``policy``,
 ``policy_timeout``, ``tool``, ``tool_timeout``. User faults also set :attr:`Trajectory.sim_fault` (the
@@ -23,6 +29,8 @@ from muarl.types import Trajectory
 
 Side = Literal["user", "policy", "tool"]
 FAULT_KINDS: tuple[str, ...] = ("user", "user_timeout", "policy", "policy_timeout", "tool", "tool_timeout")
+#: the parties whose faults are told apart in results tables, in the order they are shown
+SIDES: tuple[Side, ...] = ("policy", "user", "tool")
 #: the stop reason of an episode ended by a fault of each side ("sim_fault" as before for the user)
 STOP_REASONS: dict[str, str] = {"user": "sim_fault", "policy": "policy_fault", "tool": "tool_fault"}
 
@@ -64,6 +72,38 @@ def fault_counts(trajs: Iterable[Trajectory]) -> dict[str, int]:
     counts = Counter(t.fault_kind for t in trajs if t.fault_kind)
     known = {k: counts.pop(k) for k in FAULT_KINDS if k in counts}
     return {**known, **dict(sorted(counts.items()))}
+
+
+def side_of(kind: str) -> str:
+    """The party a fault kind belongs to (``policy_timeout`` -> ``policy``)."""
+    return kind.split("_")[0]
+
+
+def counts_against_policy(traj: Trajectory) -> bool:
+    """Whether an episode is the agent's to answer for: clean, or ended by a fault of the policy itself.
+
+    Such an episode is a trial in every metric, a policy fault as a failure (reward 0). A user or tool
+    fault is not the agent's doing and stays out (unless a caller counts every fault, as ``--sim-faults
+    fail`` does)."""
+    kind = traj.fault_kind
+    return kind is None or side_of(kind) == "policy"
+
+
+def credited_reward(traj: Trajectory) -> float | None:
+    """The episode's reward as the agent's record: its reward when clean, 0 for a policy fault (whatever
+    the final database), None for a user or tool fault (not the agent's doing: left out of the mean)."""
+    if not counts_against_policy(traj):
+        return None
+    return traj.reward.reward if traj.reward is not None and not traj.fault_kind else 0.0
+
+
+def fault_rates(trajs: Iterable[Trajectory]) -> dict[str, float | None]:
+    """``{"policy_fault_rate", "user_fault_rate", "tool_fault_rate"}``: the fraction of the episodes that a
+    fault of each party ended (timeouts with their party), rounded to 6 places; None without episodes.
+    Results tables show them beside pass^1, so a success rate can be read with what was (policy) and was
+    not (user, tool) counted in it."""
+    sides = [side_of(t.fault_kind) if t.fault_kind else None for t in trajs]
+    return {f"{side}_fault_rate": round(sides.count(side) / len(sides), 6) if sides else None for side in SIDES}
 
 
 def fault_message(traj: Trajectory) -> str:

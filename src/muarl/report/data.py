@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from muarl.faults import fault_counts, fault_message
+from muarl.faults import credited_reward, fault_counts, fault_message, fault_rates
 from muarl.types import Task, Trajectory
 
 # where each kind of run keeps its episodes (rollout / eval, synth raw, per-step GRPO rollouts)
@@ -347,12 +347,15 @@ def overview(run: Run) -> dict[str, Any]:
     trajs = [e.traj for e in run.entries]
     n = len(trajs)
     rewards = [t.reward for t in trajs if t.reward is not None]
+    # as evaluation counts them: a policy fault is a failure, a user or tool fault is left out
+    credited = [r for t in trajs if (r := credited_reward(t)) is not None]
     return {
         "trajectories": n,
         "omitted": run.omitted,
         "tasks": len({(t.domain, t.task_id) for t in trajs}),
         "domains": sorted({t.domain for t in trajs}),
-        "success": round(sum(r.reward for r in rewards) / len(rewards), 4) if rewards else None,
+        "success": round(sum(credited) / len(credited), 4) if credited else None,
+        **{key: round(rate, 4) for key, rate in fault_rates(trajs).items() if rate is not None},
         "tcr": round(sum(r.tcr for r in rewards) / len(rewards), 4) if rewards else None,
         "violation_rate": round(sum(bool(r.violations) for r in rewards) / len(rewards), 4) if rewards else None,
         "mean_turns": round(sum(t.turns for t in trajs) / n, 2) if n else None,

@@ -31,7 +31,7 @@ from muarl.algorithms.common import k3_kl
 from muarl.algorithms.mismatch import mismatch_sums, mismatch_warning, truncated_is_weights
 from muarl.domain import get_domain
 from muarl.factory import make_user
-from muarl.faults import require_unfaulted
+from muarl.faults import credited_reward, require_unfaulted
 from muarl.provenance import domain_record
 from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig, RolloutEngine
 from muarl.train import RunSettings, autocast, from_preset
@@ -228,12 +228,13 @@ def rollout_metrics(groups: list[list[Trajectory]]) -> dict[str, float]:
     """The paper's training dynamics from one step's episodes."""
     trajs = [t for g in groups for t in g]
     n = len(trajs)
-    rewards = [[t.reward.reward if t.reward else 0.0 for t in g] for g in groups]
+    # as evaluation counts them (muarl.faults.credited_reward): a policy fault fails, a user or tool fault is out
+    rewards = [[r for t in g if (r := credited_reward(t)) is not None] for g in groups]
     calls = Counter(r.name for t in trajs for r in t.tool_log if r.actor == "agent")
     return {
-        "reward": sum(map(sum, rewards)) / n,
-        "all_correct_groups": sum(all(r == 1.0 for r in g) for g in rewards) / len(groups),
-        "all_wrong_groups": sum(all(r == 0.0 for r in g) for g in rewards) / len(groups),
+        "reward": sum(map(sum, rewards)) / max(1, sum(map(len, rewards))),
+        "all_correct_groups": sum(bool(g) and all(r == 1.0 for r in g) for g in rewards) / len(groups),
+        "all_wrong_groups": sum(bool(g) and all(r == 0.0 for r in g) for g in rewards) / len(groups),
         "turns": sum(t.turns for t in trajs) / n,
         "response_tokens": sum(sum(t.loss_mask) for t in trajs) / n,
         "sim_fault_rate": sum(t.sim_fault for t in trajs) / n,
