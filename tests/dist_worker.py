@@ -15,9 +15,13 @@ from muarl.train.sft import train_sft
 
 
 def sft_config(out: Path, data: str):
-    # fresh_ids: each process renames only its own share of the batch, and the target count is summed
+    # fresh_ids: each process renames only its own share of the batch, and the target count is summed.
+    # Plain SGD without clipping: the step is lr times the gradient, so one and two processes compare
+    # within float32 summation noise (and a wrongly scaled gradient shows; clipping would hide its scale);
+    # AdamW's first step divides each gradient by its own size, which turns noise on a near-zero gradient
+    # into a full step of lr (see tests/test_distributed.py)
     return sft_preset("tiny", data=[data], out=str(out / "sft"), epochs=1, batch_size=6, max_len=8192,
-                      fresh_ids=True, save_every=0, report_to="none")
+                      fresh_ids=True, save_every=0, report_to="none", optimizer="sgd", lr=0.05, grad_clip=1e9)
 
 
 def grpo_config(out: Path):

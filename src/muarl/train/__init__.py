@@ -24,6 +24,29 @@ class RunSettings:
     resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
     report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
     device: str | None = None  # None: this process's GPU when there is one, else the CPU
+    # shard parameters, gradients and optimizer state over the ranks (torch FSDP2, muarl.train.sharding)
+    fsdp: bool = False
+    fsdp_offload: bool = False  # with fsdp on a GPU: shards and optimizer state in CPU memory
+    optimizer: str = "adamw"  # or "sgd" (plain gradient steps, no momentum: what cross-rank equality tests use)
+
+    def check_sharding(self) -> None:
+        """Refuse sharding options that cannot apply, naming the option."""
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"--optimizer must be adamw or sgd, not {self.optimizer!r}")
+        if self.fsdp_offload and not self.fsdp:
+            raise ValueError("--fsdp-offload moves a sharded run's optimizer state to CPU memory: it needs --fsdp")
+        if self.fsdp_offload and (self.device or "").startswith("cpu"):
+            raise ValueError("--fsdp-offload moves the optimizer state from the GPU to CPU memory; this run is on "
+                             "the CPU already")
+
+
+def make_optimizer(params: list[Any], config: Any) -> Any:
+    """The optimizer ``config.optimizer`` names over ``params``, at ``config.lr`` and its weight decay."""
+    import torch
+
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 def from_preset(presets: dict[str, T], name: str, kind: str, **overrides: Any) -> T:

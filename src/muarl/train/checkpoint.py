@@ -149,12 +149,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out: Path, step: int, dist: Dist, write_weights: Callable[[Path], None],
-                    state: dict[str, Any], keep: int = 0) -> Path | None:
+                    state: dict[str, Any], keep: int = 0,
+                    write_shards: Callable[[Path], None] | None = None) -> Path | None:
     """Write ``out/checkpoints/step_{step}`` atomically, its manifest last; every rank calls this (each
     saves its RNG).
 
-    ``write_weights(directory)`` saves the model (rank 0 only); ``state`` is the trainer state
-    (optimizer, scheduler, step, metrics ...). ``keep`` > 0 deletes all but the newest ``keep``
+    ``write_weights(directory)`` saves the model (rank 0 only); ``write_shards(directory)``, a sharded run's
+    weights and optimizer state, runs on every rank (each writes its own shard files); ``state`` is the
+    trainer state (optimizer, scheduler, step, metrics ...). ``keep`` > 0 deletes all but the newest ``keep``
     checkpoints afterwards, or the redundant ones beforehand when the disk is short of room for this save.
     A failed save removes what it wrote; a full disk raises :class:`OutOfSpace`. Returns the checkpoint
     directory on rank 0, None elsewhere.
@@ -167,6 +169,8 @@ def save_checkpoint(out: Path, step: int, dist: Dist, write_weights: Callable[[P
         _saving(out, step, tmp, lambda: tmp.mkdir(parents=True))
     dist.barrier()
     _saving(out, step, tmp, lambda: torch.save(rng_state(), tmp / f"rng_rank{dist.rank}.pt"))
+    if write_shards is not None:
+        _saving(out, step, tmp, lambda: write_shards(tmp))
     if dist.main:
         def write() -> None:
             write_weights(tmp)
@@ -235,10 +239,16 @@ def _make_room(out: Path, step: int, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_trainer_state(path: Path, dist: Dist) -> dict[str, Any]:
-    """The trainer state of a checkpoint, and this rank's random generators restored."""
+def load_trainer_state(path: Path, dist: Dist, any_world: bool = False) -> dict[str, Any]:
+    """The trainer state of a checkpoint, and this rank's random generators restored.
+
+    ``any_world``: a sharded run's checkpoint, which resumes on another number of ranks too. A rank the
+    saving run did not have takes rank 0's generators: muarl draws its samples from generators seeded by
+    (seed, step, task), so these only matter to code that draws from the global ones."""
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     rng = path / f"rng_rank{dist.rank}.pt"
+    if not rng.exists() and any_world:
+        rng = path / "rng_rank0.pt"
     if not rng.exists():
         saved = json.loads((path / "state.json").read_text()).get("world_size")
         raise ValueError(f"{path} was saved by {saved} process(es); resume it with the same number "

@@ -40,6 +40,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     _add(p, "--bf16", dest="bf16", action=argparse.BooleanOptionalAction, default=None,
          help="bfloat16 autocast for training forwards (default: on where CUDA supports it)")
     _add(p, "--device", help="cpu, cuda, cuda:1 ... (default: this process's GPU if any, else the CPU)")
+    _add(p, "--fsdp", action="store_const", const=True,
+         help="shard parameters, gradients and optimizer state over the processes (torch FSDP2; launch with "
+              "torchrun or accelerate launch; docs/gpu.md)")
+    _add(p, "--fsdp-offload", action="store_const", const=True,
+         help="with --fsdp on GPUs: keep the shards and the optimizer state in CPU memory")
+    _add(p, "--optimizer", choices=["adamw", "sgd"], help="adamw (default) or sgd")
     _add(p, "--no-progress", action="store_true", help="no progress display")
 
 
@@ -53,7 +59,7 @@ def _options(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 COMMON = ["save_every", "keep_checkpoints", "resume", "report_to", "lora_r", "lora_alpha", "lora_dropout",
-          "lora_targets", "merge_lora", "bf16", "device"]
+          "lora_targets", "merge_lora", "bf16", "device", "fsdp", "fsdp_offload", "optimizer"]
 
 
 def _sft_cmd(args: argparse.Namespace) -> int:

@@ -55,6 +55,14 @@ class Dist:
         torch.distributed.all_reduce(t)
         return float(t.item())
 
+    def max(self, value: float) -> float:
+        """The largest of every rank's ``value``."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum the gradients of ``params`` over ranks (one flat buffer, one collective)."""
         if self.world == 1:
@@ -73,14 +81,19 @@ class Dist:
             torch.distributed.barrier()
 
 
-def setup(device: str | None = None) -> Dist:
+def setup(device: str | None = None, group: bool = False) -> Dist:
     """Join the process group when launched for several processes; pick the device.
 
-    ``device`` None means CUDA when there is one (the rank's own GPU), else the CPU.
+    ``device`` None means CUDA when there is one (the rank's own GPU), else the CPU. ``group``: a process
+    group even for one process (a sharded run's collectives need one; its checkpoints then load on any
+    number of ranks).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if group and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if chosen.type == "cuda" else "gloo",
+                                                 store=torch.distributed.HashStore(), rank=0, world_size=1)
         return Dist(0, 1, chosen)
     from accelerate import PartialState
 

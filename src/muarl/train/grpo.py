@@ -13,6 +13,7 @@ until ``tasks_per_step`` groups with a learning signal are found (or ``max_rollo
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import random
 import sys
@@ -34,16 +35,29 @@ from muarl.factory import make_user
 from muarl.faults import credited_reward, require_unfaulted
 from muarl.provenance import domain_record
 from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig, RolloutEngine
-from muarl.train import RunSettings, autocast, from_preset
+from muarl.train import RunSettings, autocast, from_preset, make_optimizer
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
 from muarl.train.samplers import (
     SERVER,
+    ShardedSampler,
     check_rollout_engine,
     check_user_beside_policy,
     make_sampler,
     server_endpoint,
+)
+from muarl.train.sharding import (
+    SHARDS,
+    decoder,
+    grad_norm,
+    idle_passes,
+    is_sharded,
+    load_shards,
+    pass_count,
+    save_final_sharded,
+    save_shards,
+    shard_for_training,
 )
 from muarl.train.shared_prefix import (
     MIN_PREFIX,
@@ -129,6 +143,7 @@ class GRPOConfig(RunSettings):
 
     def __post_init__(self) -> None:
         """A config that cannot run fails here, with the option's name, not as a tensor error mid-step."""
+        self.check_sharding()
         for name in ("steps", "tasks_per_step", "group_size", "max_rollout_batches", "max_new_tokens", "max_turns",
                      "micro_batch_size", "num_iterations"):
             if getattr(self, name) < 1:
@@ -202,7 +217,7 @@ def batch_logprobs(model: Any, sequences: list[list[int]], temperature: float,
         ids = torch.zeros(len(sequences), width, dtype=torch.long)
         for b, seq in enumerate(sequences):
             ids[b, :len(seq)] = torch.tensor(seq)
-        hidden = lm.model(input_ids=ids.to(device)).last_hidden_state
+        hidden = decoder(lm)(input_ids=ids.to(device)).last_hidden_state
     r, c = torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device)
     logits = lm.get_output_embeddings()(hidden[r, c - 1 - start]).float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
@@ -256,15 +271,17 @@ def _micro_batches(batch: list[tuple[Trajectory, float]], config: GRPOConfig,
 
 def shared_opening(trajs: list[Trajectory], config: GRPOConfig) -> list[int]:
     """The tokens all of ``trajs`` share before their first scored one (the system turn, and within a group
-    often the first user message), when worth computing once (:mod:`muarl.train.shared_prefix`)."""
-    if not config.shared_prefix or len(trajs) < 2:
+    often the first user message), when worth computing once (:mod:`muarl.train.shared_prefix`). Not in a
+    sharded run (``fsdp``): the prefix's own forward and backward would be collectives that ranks with no
+    sequence to score never reach."""
+    if not config.shared_prefix or config.fsdp or len(trajs) < 2:
         return []
     n = common_prefix([t.token_ids for t in trajs], [t.loss_mask for t in trajs])
     return trajs[0].token_ids[:n] if n >= MIN_PREFIX else []
 
 
 def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory, float]],
-                       config: GRPOConfig) -> list[torch.Tensor]:
+                       config: GRPOConfig, dist: Dist | None = None) -> list[torch.Tensor]:
     """The frozen reference's log-probs of each of ``batch``'s sequences (0 where a token is not scored).
 
     The shared opening is run once for the whole batch; each micro-batch runs only what follows it.
@@ -278,11 +295,16 @@ def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory,
         scorer.eval()
         with precision:
             prefix = record_prefix(causal_lm(scorer), opening) if opening else None
-            for part in _micro_batches(batch, config):
+            parts = _micro_batches(batch, config)
+            passes = pass_count(scorer, len(parts), dist) if dist is not None else len(parts)
+            for part in parts:
                 scored = batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
                                         [batch[i][0].loss_mask for i in part], prefix)[0]
                 for row, i in enumerate(part):
                     ref[i] = scored[row, :len(batch[i][0].token_ids)]
+            if passes > len(parts):  # a sharded scorer: as many passes as the busiest rank
+                idle_passes(scorer, len(parts), passes, params[0].device if params else torch.device("cpu"),
+                            backward=False)
         scorer.train(was_training)
     return ref
 
@@ -386,12 +408,13 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     ref_s = 0.0
     if ref is None and config.kl_beta:
         began = time.perf_counter()
-        ref = reference_logprobs(model, reference, batch, config)
+        ref = reference_logprobs(model, reference, batch, config, dist)
         ref_s = time.perf_counter() - began
     began = time.perf_counter()
     skip = skipped_sequences(batch, ref, config)
     run = [i for i in range(len(batch)) if i not in skip]
     parts = _micro_batches(batch, config, run)
+    passes = pass_count(model, len(parts), dist)
     if parts:
         set_checkpointing(model, config, max(len(p) * len(batch[p[-1]][0].token_ids) for p in parts))
     model.train()
@@ -439,15 +462,18 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         sums["entropy"] += float((entropy * mask).sum()) / max(trained_tokens, 1.0)
     if shared is not None:
         shared.backward()
+    if passes > len(parts):  # a sharded model: as many passes as the busiest rank
+        idle_passes(model, len(parts), passes, params[0].device)
     for param in params:  # a gradient of 0, not none: AdamW's moments and weight decay move as in the plain update
         if param.grad is None:
             param.grad = torch.zeros_like(param)
-    dist.all_reduce_grads(params)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+    if not is_sharded(model):  # a sharded model's gradients were reduce-scattered in backward
+        dist.all_reduce_grads(params)
+    norm = grad_norm(params, config.grad_clip)
     optimizer.step()
     model.eval()
     stats = {key: dist.sum(value) for key, value in sums.items()}
-    stats.update(grad_norm=grad_norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
+    stats.update(grad_norm=norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
                  shared_prefix_tokens=float(len(opening)))
     if first:  # every rank sums, also one with nothing to run: a collective call
         kl, outside, measured = (dist.sum(value) for value in drift)
@@ -470,7 +496,7 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     report it (the mismatch: the first), the reference seconds and the summed update seconds.
     """
     began = time.perf_counter()
-    ref = reference_logprobs(model, reference, batch, config) if config.kl_beta else None
+    ref = reference_logprobs(model, reference, batch, config, dist) if config.kl_beta else None
     ref_s = time.perf_counter() - began
     trainer_old: dict[int, torch.Tensor] = {}
     runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref, trainer_old,
@@ -491,7 +517,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     rank 0 writes files.
     """
     check_report_to(config.report_to)
-    dist = setup(config.device)
+    dist = setup(config.device, group=config.fsdp)
     if config.rollout_engine.startswith(SERVER) and dist.world > 1:
         raise ValueError(f"--rollout-engine {SERVER}URL#MODEL runs in one training process only: every rank "
                          "would sync the same server (use --rollout-engine vllm, one engine per rank)")
@@ -499,23 +525,32 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read
     run = open_run(config, dist, {"domain": domain_record(domain)})
-    model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
+    # a sharded run starts from --model and loads its checkpoint's shards below
+    model, reference, tokenizer = load_trainable(config, str(dist.device), None if config.fsdp else run.resume_from,
+                                                 want_reference=True)
+    # a sharded run samples from an unsharded copy that follows the shards after every update
+    plain = copy.deepcopy(model) if config.fsdp else None
+    if config.fsdp:
+        shard_for_training(model, reference, config, dist)
     model.eval()
     user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
     episode = config.episode_config()  # as the paper trains: required outputs not graded
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,
                               kl_beta=config.kl_beta)
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = make_optimizer(trainable_parameters(model), config)
     history: list[dict[str, Any]] = []
     if run.resume_from is not None:  # last: restores the random generators as they were at the save
-        state = load_trainer_state(run.resume_from, dist)
-        optimizer.load_state_dict(state["optimizer"])
+        state = load_trainer_state(run.resume_from, dist, any_world=config.fsdp)
+        if config.fsdp:
+            load_shards(model, optimizer, run.resume_from / SHARDS)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         history = state["metrics"]
     trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="grpo")
     tasks = domain.tasks(config.split)
     order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
-    sampler = make_sampler(config, model, tokenizer)
+    sampler = make_sampler(config, model, tokenizer) if plain is None else ShardedSampler(config, model, plain, tokenizer)
     try:
         sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
         # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
@@ -570,13 +605,21 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                               f"loss {record.get('loss', 0.0):+.4f} kl {record.get('kl', 0.0):.4f} "
                               f"trained {len(batch)} in {rollout_s + ref_s + update_s:.1f} s")
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
-                save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
-                                {"step": step + 1, "optimizer": optimizer.state_dict(), "metrics": history},
-                                keep=config.keep_checkpoints)
+                if config.fsdp:  # the weights and optimizer state are sharded: every rank writes its shards
+                    save_checkpoint(run.out, step + 1, dist, lambda d: None, {"step": step + 1, "metrics": history},
+                                    keep=config.keep_checkpoints,
+                                    write_shards=lambda d: save_shards(model, optimizer, d / SHARDS))
+                else:
+                    save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
+                                    {"step": step + 1, "optimizer": optimizer.state_dict(), "metrics": history},
+                                    keep=config.keep_checkpoints)
     finally:
         trackers.close()
         sampler.close()
-    checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
+    if config.fsdp:
+        checkpoint, model = save_final_sharded(run.out, model, tokenizer, config, dist)
+    else:
+        checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
     dist.barrier()
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}
 

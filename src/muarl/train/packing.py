@@ -162,6 +162,7 @@ def token_loss(model: torch.nn.Module, batch: Batch, varlen: bool = True) -> tup
     belongs to the same conversation (a conversation's first token is never a target). Packed rows use
     :func:`segment_attention` (``varlen=False``: the dense block-diagonal mask instead, for comparison).
     """
+    from muarl.train.sharding import decoder
     from muarl.train.weights import causal_lm
 
     lm = causal_lm(model)
@@ -176,7 +177,7 @@ def token_loss(model: torch.nn.Module, batch: Batch, varlen: bool = True) -> tup
         # ignores it and uses the spans
         mask = torch.ones(batch.input_ids.shape[0], 1, 1, 1, dtype=torch.bool, device=batch.input_ids.device)
         extra["segments"] = spans(batch)
-    hidden = lm.model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
+    hidden = decoder(lm)(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
                       **extra).last_hidden_state
     # The output head runs only where a target is predicted (agent tokens, a small share of a row).
     rows, cols = torch.nonzero(batch.loss_mask[:, 1:], as_tuple=True)

@@ -81,6 +81,9 @@ class PretrainConfig(RunSettings):
             raise ValueError(f"pretrain first_chunk must be 0 or more (got {self.first_chunk})")
         if not self.domains:
             raise ValueError("pretrain needs at least one domain")
+        if self.fsdp or self.optimizer != "adamw":
+            raise ValueError("muarl pretrain trains the small embedded base with AdamW, unsharded: --fsdp, "
+                             "--fsdp-offload and --optimizer are options of sft and grpo")
 
 
 class ConversationStream:

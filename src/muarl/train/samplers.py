@@ -169,6 +169,43 @@ class VLLMSampler:
         self.engine_policy.close()
 
 
+class ShardedSampler:
+    """A sharded run's (``--fsdp``) sampler: the engine ``config.rollout_engine`` names, on ``plain``, an
+    unsharded copy of the model into which the shards are gathered, one parameter at a time with every
+    rank taking part, at the start (a resumed run's shards) and after every update. A LoRA run gathers
+    only its adapter. The copy holds the weights alone (no gradients, no optimizer state); for a vLLM
+    engine it lives in CPU memory, from where the engine takes it as from an unsharded trainer."""
+
+    def __init__(self, config: Any, model: Any, plain: Any, tokenizer: Any):
+        from muarl.train.sharding import gather_into
+        from muarl.train.weights import is_lora
+
+        if config.rollout_engine != "hf":
+            plain.to("cpu")
+        self.plain, self.lora = plain.eval().requires_grad_(False), is_lora(model)
+        gather_into(model, plain, only_trainable=self.lora)
+        self.inner = make_sampler(config, plain, tokenizer)
+
+    def policy(self, seed: int) -> Policy:
+        return self.inner.policy(seed)
+
+    def check(self, model: Any, domain: Any) -> None:
+        self.inner.check(self.plain, domain)
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def sync(self, model: Any) -> float:
+        from muarl.train.sharding import gather_into
+
+        began = time.perf_counter()
+        gather_into(model, self.plain, only_trainable=self.lora)
+        return time.perf_counter() - began + self.inner.sync(self.plain)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class EngineFailed(RunFailed):
     """The rollout engine failed between steps (a weight sync): the run cannot go on, and says so in one line."""
 

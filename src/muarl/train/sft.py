@@ -20,13 +20,24 @@ import torch
 
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record, untrained_turns
-from muarl.train import RunSettings, autocast, from_preset
+from muarl.train import RunSettings, autocast, from_preset, make_optimizer
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.train.run import data_digests, open_run
+from muarl.train.sharding import (
+    SHARDS,
+    grad_norm,
+    idle_passes,
+    is_sharded,
+    load_shards,
+    pass_count,
+    save_final_sharded,
+    save_shards,
+    shard_for_training,
+)
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 from muarl.types import ToolSpec
@@ -51,6 +62,9 @@ class SFTConfig(RunSettings):
     # for models trained from scratch, which otherwise memorize the data set's ids instead of copying
     fresh_ids: bool = False
     save_every: int = 20  # optimizer steps between checkpoints (0: only at the end)
+
+    def __post_init__(self) -> None:
+        self.check_sharding()
 
 
 #: ``paper``: MUA-RL's cold start (AdamW, lr 5e-6 with cosine decay, 2 epochs, batch 128).
@@ -119,14 +133,16 @@ def record_example(chat: ChatFormat, record: dict[str, Any]) -> Example:
 
 
 def accumulate_gradients(model: Any, examples: list[Example], targets: int, max_len: int, packing: bool,
-                         pad: int, precision: Any) -> tuple[float, float, list[list[int]]]:
+                         pad: int, precision: Any, dist: Any = None) -> tuple[float, float, list[list[int]]]:
     """Forward and backward of one optimizer step's conversations, packed into rows of ``max_len`` tokens
     (one row per forward pass, so memory is bounded by a row); each row's summed loss is divided by
     ``targets``, the whole step's target count, so the accumulated gradient is the step's token-mean.
+    A sharded model runs as many passes on every rank (``dist``; :func:`~muarl.train.sharding.idle_passes`).
     Returns (summed loss, summed padding fraction of the rows, the rows)."""
     device = next(model.parameters()).device
-    max_len = max([max_len, *(len(e) for e in examples)])
+    max_len = max([max_len, *(len(e) for e in examples)]) if examples else max_len
     rows = plan_rows([len(e) for e in examples], max_len) if packing else [[i] for i in range(len(examples))]
+    passes = pass_count(model, len(rows), dist) if dist is not None else len(rows)
     loss_sum, padding = 0.0, 0.0
     for row in rows:
         micro = collate(examples, [row], pad)
@@ -135,6 +151,8 @@ def accumulate_gradients(model: Any, examples: list[Example], targets: int, max_
         (total / max(targets, 1)).backward()
         loss_sum += float(total.detach())
         padding += micro.padding_fraction
+    if passes > len(rows):
+        idle_passes(model, len(rows), passes, device)
     return loss_sum, padding, rows
 
 
@@ -162,20 +180,26 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     and the chosen trackers' logs. Resumes from the newest checkpoint in ``out`` unless ``config.resume``
     is False. Under ``accelerate launch`` each process packs and trains on its share of every batch."""
     check_report_to(config.report_to)
-    dist = setup(config.device)
+    dist = setup(config.device, group=config.fsdp)
     run = open_run(config, dist, {"data": data_digests(config.data)})
-    model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)
+    # a sharded run starts from --model and loads its checkpoint's shards below
+    model, _, tokenizer = load_trainable(config, str(dist.device), None if config.fsdp else run.resume_from)
+    if config.fsdp:
+        shard_for_training(model, None, config, dist)
     model.train()
     records = load_records(config.data, tokenizer)
     schedule_ = batch_schedule(len(records), config)
     total_steps = len(schedule_)
     params = trainable_parameters(model)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = make_optimizer(params, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine(s, total_steps, config.warmup_steps))
     history: list[dict[str, Any]] = []
     if run.resume_from is not None:  # last: restores the random generators as they were at the save
-        state = load_trainer_state(run.resume_from, dist)
-        optimizer.load_state_dict(state["optimizer"])
+        state = load_trainer_state(run.resume_from, dist, any_world=config.fsdp)
+        if config.fsdp:
+            load_shards(model, optimizer, run.resume_from / SHARDS)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["scheduler"])
         history = state["metrics"]
     trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="sft")
@@ -193,27 +217,34 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 targets = int(dist.sum(sum(sum(e.mask[1:]) for e in local)))  # the whole batch's: its token-mean
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum, padding, rows = accumulate_gradients(model, local, targets, config.max_len, config.packing,
-                                                               pad, precision)
-                dist.all_reduce_grads(params)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+                                                               pad, precision, dist)
+                if not is_sharded(model):  # a sharded model's gradients were reduce-scattered in backward
+                    dist.all_reduce_grads(params)
+                norm = grad_norm(params, config.grad_clip)
                 optimizer.step()
                 schedule.step()
                 n_rows = dist.sum(len(rows))
                 record = {"step": step + 1, "epoch": epoch, "loss": dist.sum(loss_sum) / targets,
-                          "lr": schedule.get_last_lr()[0], "grad_norm": grad_norm, "target_tokens": targets,
+                          "lr": schedule.get_last_lr()[0], "grad_norm": norm, "target_tokens": targets,
                           "rows": int(n_rows), "padding": dist.sum(padding) / max(n_rows, 1),
                           "tokens_per_s": dist.sum(sum(len(e) for e in local)) / (time.perf_counter() - began)}
                 history.append(record)
                 trackers.log(record, step + 1)
                 advance(record)
                 if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == total_steps:
-                    save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
-                                    {"step": step + 1, "optimizer": optimizer.state_dict(),
-                                     "scheduler": schedule.state_dict(), "metrics": history},
-                                    keep=config.keep_checkpoints)
+                    state = {"step": step + 1, "scheduler": schedule.state_dict(), "metrics": history}
+                    if config.fsdp:  # the optimizer state is sharded: every rank writes its shards
+                        save_checkpoint(run.out, step + 1, dist, lambda d: None, state, keep=config.keep_checkpoints,
+                                        write_shards=lambda d: save_shards(model, optimizer, d / SHARDS))
+                    else:
+                        save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
+                                        {**state, "optimizer": optimizer.state_dict()}, keep=config.keep_checkpoints)
     finally:
         trackers.close()
-    checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
+    if config.fsdp:
+        checkpoint, model = save_final_sharded(run.out, model, tokenizer, config, dist)
+    else:
+        checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
     dist.barrier()
     return {"steps": len(history), "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
             "checkpoint": str(checkpoint), "metrics": history, "model": model}

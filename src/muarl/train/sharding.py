@@ -1,0 +1,217 @@
+"""Sharded training on torch's FSDP2 (``--fsdp``): each rank holds 1/N of the parameters, gradients and
+optimizer state.
+
+``torch.distributed.fsdp.fully_shard`` is applied to every decoder layer and then to the causal LM itself
+(the root: embeddings, final norm and output head, tied or not, in one unit). A layer's parameters are
+all-gathered just before it runs and freed after; its gradients are reduce-scattered as its backward ends,
+so a rank never holds more than its shards plus a layer or two in full. Nothing here shards by itself:
+this module only decides the units, the precision and the offload, and moves state in and out.
+
+Three things FSDP2 asks of the code around it, and where muarl answers them:
+
+- **Forward through the root.** The root unit's parameters are gathered by a hook on the root's forward,
+  but muarl scores sequences by calling the decoder (``lm.model``) and the output head separately, so that
+  vocabulary-sized logits are built only at scored positions. :func:`decoder` is that call; on a sharded
+  model it goes through ``muarl_decoder``, a method of the root registered as an FSDP forward method. The
+  root keeps its parameters gathered after its forward (FSDP2 does this for the root: backward needs
+  them at once), so the output head applied afterwards sees whole weights.
+- **The same collectives on every rank.** Every forward of a sharded model all-gathers, every backward
+  reduce-scatters: all ranks must run the same number of passes, though their shares of a step differ in
+  length and count. :func:`idle_passes` runs the missing passes on a two-token input with a zero loss.
+- **Sums, not means.** muarl divides each loss by the whole step's token count, so gradients must be
+  summed over ranks; FSDP2 averages by default, hence ``set_gradient_divide_factor(1.0)``.
+
+Checkpoints go through ``torch.distributed.checkpoint`` (:func:`save_shards` / :func:`load_shards`): each
+rank writes its own shard file, and the state dict is keyed by parameter name, so a checkpoint written by
+N ranks loads on M. ``OUT/model`` is gathered into an ordinary checkpoint (:func:`gather_into`).
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from muarl.train.distributed import Dist
+
+#: the directory of a checkpoint that holds the ranks' shards (torch.distributed.checkpoint's format)
+SHARDS = "shards"
+
+
+def is_sharded(model: Any) -> bool:
+    """Whether ``model`` (or the causal LM inside a peft model) was sharded by :func:`shard`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from muarl.train.weights import causal_lm
+
+    return isinstance(causal_lm(model), FSDPModule)
+
+
+def _decoder_forward(self: Any, **kwargs: Any) -> Any:
+    return self.model(**kwargs)
+
+
+def decoder(lm: Any) -> Any:
+    """The callable that runs ``lm``'s decoder (embeddings, layers, final norm) to its last hidden states:
+    ``lm.model``, or on a sharded model the root's registered forward method, which gathers the root's
+    parameters first (see the module docstring)."""
+    return getattr(lm, "muarl_decoder", lm.model)
+
+
+def shard(model: Any, dist: Dist, bf16: bool = False, offload: bool = False) -> Any:
+    """Shard ``model`` in place over every rank of ``dist`` (a plain causal LM or a peft model).
+
+    ``bf16``: gathered parameters in bfloat16 for the forward and backward, gradients reduced in float32
+    (the shards and the optimizer stay float32). ``offload``: shards, gradients and optimizer state live
+    in CPU memory, gathered onto the GPU per layer (FSDP2's ``CPUOffloadPolicy``); the optimizer step then
+    runs on the CPU. Returns ``model``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    from muarl.train.weights import causal_lm
+
+    lm = causal_lm(model)
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+        else MixedPrecisionPolicy(),
+        "offload_policy": CPUOffloadPolicy(pin_memory=dist.device.type == "cuda") if offload else OffloadPolicy(),
+    }
+    for layer in lm.model.layers:
+        fully_shard(layer, **options)
+    lm.muarl_decoder = types.MethodType(_decoder_forward, lm)
+    fully_shard(lm, **options)
+    register_fsdp_forward_method(lm, "muarl_decoder")
+    for module in lm.modules():
+        if hasattr(module, "set_gradient_divide_factor"):
+            module.set_gradient_divide_factor(1.0)  # losses are normalised by the global count: sum, not mean
+            module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied one
+    return model
+
+
+def pass_count(model: Any, mine: int, dist: Dist) -> int:
+    """How many forward passes every rank runs in a phase where this rank has ``mine`` to run: the most
+    any rank has on a sharded model (each pass is a collective; agreed before the first one, itself a
+    collective), else ``mine``."""
+    return int(dist.max(mine)) if is_sharded(model) else mine
+
+
+def idle_passes(model: Any, done: int, most: int, device: torch.device, backward: bool = True) -> int:
+    """Run forward (and backward) passes on a two-token input with a zero loss until this rank, having run
+    ``done``, has run ``most`` (:func:`pass_count`). A sharded model's every pass is a collective; the extra
+    ones add exactly nothing to any gradient. Returns how many were run."""
+    from muarl.train.weights import causal_lm
+
+    lm = causal_lm(model)
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+    for _ in range(most - done):
+        with torch.set_grad_enabled(backward):
+            hidden = decoder(lm)(input_ids=ids).last_hidden_state
+            loss = lm.get_output_embeddings()(hidden[:, -1]).float().sum() * 0.0
+        if backward:
+            loss.backward()
+    return most - done
+
+
+def grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients of ``params`` to ``max_norm`` (their norm over every rank's shards for a sharded
+    model) and return the norm before clipping."""
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    full = getattr(total, "full_tensor", None)
+    return float(full() if full is not None else total)
+
+
+def gather_into(model: Any, plain: Any | None, only_trainable: bool = False) -> None:
+    """Copy a sharded ``model``'s parameters, one at a time, into ``plain``, an unsharded model of the same
+    architecture (None on ranks that only take part in the gathers). Every rank must call it: each
+    parameter is one all-gather. No rank ever holds more than ``plain`` and one gathered parameter.
+    ``only_trainable``: the parameters the optimizer updates (a LoRA run's adapter), the rest being
+    unchanged since ``plain`` was made."""
+    targets = dict(plain.named_parameters()) if plain is not None else {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if only_trainable and not param.requires_grad:
+                continue
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
+            if plain is not None:
+                target = targets[name]
+                target.copy_(full.to(device=target.device, dtype=target.dtype))
+            del full
+
+
+def _options(full: bool = False) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # frozen parameters (a LoRA run's base) are not saved: they are the starting checkpoint's
+    return StateDictOptions(ignore_frozen_params=True, full_state_dict=full, cpu_offload=full)
+
+
+def save_shards(model: Any, optimizer: Any, directory: Path) -> None:
+    """Every rank writes its shards of the trainable parameters and the optimizer state to ``directory``
+    (torch.distributed.checkpoint; a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    weights, optim = get_state_dict(model, optimizer, options=_options())
+    dcp.save({"model": weights, "optimizer": optim}, checkpoint_id=str(directory))
+
+
+def load_shards(model: Any, optimizer: Any, directory: Path) -> None:
+    """Load the shards :func:`save_shards` wrote (by any number of ranks) into this run's sharded ``model``
+    and ``optimizer`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    weights, optim = get_state_dict(model, optimizer, options=_options())
+    state = {"model": weights, "optimizer": optim}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=_options())
+
+
+def mixed_precision(config: Any, device: torch.device) -> bool:
+    """Whether a sharded run gathers its parameters in bfloat16: where its forwards autocast to it (the
+    ``bf16`` setting, by default a GPU that supports it); float32 on the CPU."""
+    if config.bf16 is not None:
+        return bool(config.bf16)
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def shard_for_training(model: Any, reference: Any | None, config: Any, dist: Dist) -> None:
+    """Shard a run's model and, for full fine-tuning, its frozen KL reference (a LoRA run's reference is
+    the same model with its adapter off); the precision and offload follow ``config``."""
+    bf16 = mixed_precision(config, dist.device)
+    shard(model, dist, bf16=bf16, offload=config.fsdp_offload)
+    if reference is not None:
+        shard(reference, dist, bf16=bf16, offload=config.fsdp_offload)
+
+
+def plain_copy(config: Any) -> Any:
+    """An unsharded model of the run's architecture on the CPU, from ``config.model`` (LoRA: with a fresh
+    adapter of the run's shape), for :func:`gather_into` to fill."""
+    from muarl.train.weights import load_trainable
+
+    return load_trainable(config, "cpu", None)[0]
+
+
+def save_final_sharded(out: Path, model: Any, tokenizer: Any, config: Any, dist: Dist) -> tuple[Path, Any]:
+    """``out/model`` of a sharded run: the weights gathered, one parameter at a time, into an ordinary
+    checkpoint on rank 0 (every rank takes part). Returns (its path, the gathered model on rank 0 and the
+    sharded one elsewhere)."""
+    from muarl.train.weights import is_lora, save_final
+
+    plain = plain_copy(config) if dist.main else None
+    gather_into(model, plain, only_trainable=is_lora(model))
+    if not dist.main:
+        return out / "model", model
+    return save_final(out, plain, tokenizer, config.merge_lora), plain
