@@ -6,16 +6,28 @@ from is the newest *intact* one (its files match its manifest); newer damaged on
 file that is wrong, and moved aside, and a run whose checkpoints are all damaged stops with the reason
 (see :func:`muarl.train.checkpoint.choose_resume`). ``resume=True`` insists on a checkpoint (an error when
 there is none); ``resume=False`` starts over and deletes the old checkpoints. A resume refuses a config that differs from the recorded one in anything that changes what
-the steps compute (model, data, learning rate, seeds ...), naming the fields; only the fields in
-:data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size) may differ, and the address of an
-endpoint (a vLLM server or an LLM user restarted elsewhere, serving the same model name).
+the steps compute (model, data, domain, learning rate, seeds ...), naming the fields; only the fields in
+:data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size, how weights are sharded) may
+differ, and the address of an endpoint (a vLLM server or an LLM user restarted elsewhere, serving the
+same model name).
+
+A run records what produced it in ``provenance.json`` at its start, as an evaluation does in its
+results: muarl's version and commit, the versions of the packages that compute a step (torch,
+transformers, peft, accelerate), the specs as given (model, data, domain, user), and digests of what the
+run reads (:func:`data_digests` of SFT's data, a domain's provenance record, :func:`model_digests` of
+the starting checkpoint). A spec that names the same path can hide other contents, so a resume also
+refuses inputs whose digests changed, naming the field (``data./path``, ``model.model.safetensors``);
+other package versions are only a warning, since refusing every resume after an upgrade would cost more
+than the small numeric drift it avoids.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import shutil
+import sys
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -23,7 +35,7 @@ from typing import Any
 import torch
 
 import muarl
-from muarl.provenance import flatten, muarl_commit
+from muarl.provenance import flatten, muarl_commit, package_version
 from muarl.train.checkpoint import checkpoints_dir, choose_resume, remove_partial, set_aside
 from muarl.train.distributed import Dist
 
@@ -33,7 +45,10 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
               # how a vLLM engine shares the GPU, not what it samples
               "vllm_gpu_memory", "vllm_sleep", "vllm_sync_dir",
               # time limits only decide when a stuck party faults its episode (raise one after spurious faults)
-              "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout"}
+              "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout",
+              # how the weights are laid out across processes, not what the steps compute (whether a checkpoint
+              # loads under the other layout is the checkpoint loader's to say)
+              "fsdp", "fsdp_offload"}
 
 
 def _comparable(value: Any) -> Any:
@@ -53,6 +68,12 @@ def _comparable(value: Any) -> Any:
 
 #: what a training run read, recorded at its start: muarl's version and commit, its inputs' digests
 PROVENANCE = "provenance.json"
+#: config fields recorded as the run's specs, as given (the fields that name what is trained, and by whom)
+SPECS = ("model", "data", "domain", "domains", "user", "split", "rollout_engine")
+#: packages whose versions a step's numbers depend on
+PACKAGES = ("torch", "transformers", "peft", "accelerate")
+#: model files larger than this are digested from samples (:func:`file_digest`), not read whole
+WHOLE_DIGEST_BYTES = 1 << 30
 
 
 @dataclass
@@ -96,27 +117,107 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
             detail = "; ".join(f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in differ)
             raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "
                              "that run. Use another --out, or --no-resume to start over (deletes its checkpoints)")
+    model_spec = getattr(config, "model", None)
+    if model_spec:  # after the config check: a refused resume builds nothing
+        if dist.main and dist.world > 1:  # build a cached alias (tiny-random, smollm2) once, not per rank
+            _model_files(model_spec)
+        dist.barrier()
+        inputs.setdefault("model", model_digests(model_spec))
+    record = provenance_record(config, inputs)
     if resume is not None and (out / PROVENANCE).exists():  # a run recorded before provenance.json: not checked
-        then = flatten(json.loads((out / PROVENANCE).read_text()).get("inputs", {}))
-        now = flatten(json.loads(json.dumps(inputs)))
+        before = json.loads((out / PROVENANCE).read_text())
+        recorded = before.get("inputs", {})
+        # an input recorded only since a later muarl (the model's digests, say) was not checked then: not now
+        then = flatten({k: v for k, v in recorded.items() if k in inputs})
+        now = flatten(json.loads(json.dumps({k: v for k, v in inputs.items() if k in recorded})))
         changed = [f"{k}: {_short(then.get(k))} -> {_short(now.get(k))}" for k in sorted(set(then) | set(now))
                    if then.get(k) != now.get(k)]
         if changed:
             raise ValueError(f"{out} holds a run whose inputs changed since it started ({'; '.join(changed)}); "
                              "resuming it would not reproduce that run. Restore them, use another --out, or "
                              "--no-resume to start over (deletes its checkpoints)")
+        drift = _version_drift(before, record)
+        if drift and dist.main:
+            sys.stderr.write(f"muarl: warning: {out} was started with other versions ({drift}); resuming, but its "
+                             "remaining steps may differ slightly from an uninterrupted run's\n")
     if dist.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
         if resume is None:
-            record = {"muarl": {"version": muarl.__version__, "commit": muarl_commit()}, "inputs": inputs}
             (out / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
-        if dist.world > 1 and hasattr(config, "model"):  # build a cached alias (tiny, smollm2) once, not per rank
-            from muarl.models import checkpoint_root
-
-            checkpoint_root(config.model)
     dist.barrier()
     torch.manual_seed(config.seed)
     return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
+
+
+def provenance_record(config: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """What ``provenance.json`` holds: muarl's version and commit, the packages' versions, the config's
+    specs as given (:data:`SPECS`), the starting model's location, and ``inputs`` (the digests a resume
+    checks)."""
+    specs = {name: getattr(config, name) for name in SPECS if getattr(config, name, None) not in (None, "", [])}
+    record: dict[str, Any] = {
+        "muarl": {"version": muarl.__version__, "commit": muarl_commit()},
+        "packages": {"python": platform.python_version(),
+                     **{name: package_version(name)["version"] for name in PACKAGES}},
+        "specs": specs,
+    }
+    if specs.get("model"):
+        try:
+            adapters, root = _model_files(specs["model"])
+            record["model"] = {"spec": specs["model"], "path": str(root), "adapters": [str(a) for a in adapters]}
+        except (OSError, ValueError) as err:  # the run's own load says so, in its words; the record notes it
+            record["model"] = {"spec": specs["model"], "error": str(err)}
+    return {**record, "inputs": inputs}
+
+
+def _version_drift(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """The versions (muarl's and the packages') that differ between two records, one ``field: a -> b`` each;
+    a field the older record lacks is not a difference."""
+    then = flatten({k: before[k] for k in ("muarl", "packages") if k in before})
+    current = flatten({k: now[k] for k in ("muarl", "packages")})
+    return "; ".join(f"{k}: {then[k]} -> {current.get(k)}" for k in sorted(then) if then[k] != current.get(k))
+
+
+def _model_files(spec: str) -> tuple[list[Path], Path]:
+    """(LoRA adapter directories, whole checkpoint) of a model spec (:func:`muarl.models.adapter_chain`;
+    an alias such as ``tiny-random`` or ``smollm2`` is built into the cache on first use)."""
+    from muarl.models import adapter_chain
+
+    return adapter_chain(spec)
+
+
+def model_digests(spec: str) -> dict[str, str]:
+    """``{file: digest}`` of the checkpoint a run starts from (and of each LoRA adapter on it, as
+    ``adapter<i>/file``): the files a load reads (configs, tokenizer, weights). Paths are left out (an
+    alias's directory depends on where muarl is installed); the contents are what a resume must find
+    again. A spec that cannot be resolved records ``{"error": ...}`` and leaves the error to the load."""
+    try:
+        adapters, root = _model_files(spec)
+    except (OSError, ValueError) as err:
+        return {"error": str(err)}
+    digests: dict[str, str] = {}
+    for prefix, folder in [("", root), *((f"adapter{i}/", a) for i, a in enumerate(adapters))]:
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file() and path.suffix in (".json", ".safetensors", ".bin", ".model", ".txt", ".jinja",
+                                                  ".tiktoken"):
+                digests[prefix + path.name] = file_digest(path)
+    return digests
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file; for one over :data:`WHOLE_DIGEST_BYTES` (a large model's weights), the sha256
+    of its size and 64 evenly spaced 1 MiB blocks (first and last included), marked ``sampled:``: training
+    changes every block of a checkpoint, so a sample finds a retrained model without reading tens of GB at
+    every start."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= WHOLE_DIGEST_BYTES:
+            return _sha256(f)
+        block, blocks = 1 << 20, 64
+        h = hashlib.sha256(str(size).encode())
+        for i in range(blocks):
+            f.seek((size - block) * i // (blocks - 1))
+            h.update(f.read(block))
+    return "sampled:" + h.hexdigest()
 
 
 def data_digests(paths: list[str]) -> dict[str, str]:
@@ -126,10 +227,19 @@ def data_digests(paths: list[str]) -> dict[str, str]:
     for path in paths:
         try:
             with open(path, "rb") as f:
-                digests[str(path)] = hashlib.file_digest(f, "sha256").hexdigest()
+                digests[str(path)] = _sha256(f)
         except OSError:
             digests[str(path)] = "missing"
     return digests
+
+
+def _sha256(f: Any) -> str:
+    """The sha256 of an open binary file, read in 1 MiB chunks (``hashlib.file_digest`` needs Python 3.11;
+    muarl supports 3.10)."""
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def _short(value: Any) -> str:
@@ -137,7 +247,10 @@ def _short(value: Any) -> str:
     if value is None:
         return "-"
     text = str(value)
-    return text[:12] + "..." if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else repr(value)
+    head, _, digest = text.rpartition(":")  # "sampled:<sha256>" keeps its mark
+    if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+        return (f"{head}:" if head else "") + digest[:12] + "..."
+    return repr(value)
 
 
 def _defaults(config: Any) -> dict[str, Any]:

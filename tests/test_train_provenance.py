@@ -1,0 +1,103 @@
+"""Issue 34 item 8: ``muarl sft`` and ``muarl grpo`` record what produced them, and a resume whose data,
+domain or model differs from that record is refused in one line naming the field.
+
+Real runs of the commands (the shipped tiny base, two SFT steps; one GRPO step on the coin domain of
+tests/train_fixtures.py), rerun the way a user resumes: the same command, with one input changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import muarl
+from muarl import domain as domain_module
+from muarl.cli import main
+from muarl.models import base_path
+from muarl.provenance import muarl_commit, package_version
+from train_fixtures import coin, write_sft_data
+
+
+def _checkpoints(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in (out / "checkpoints").iterdir()}
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run a command that must be refused: exit 2 and one line on stderr, which is returned."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("muarl: error: "), err
+    return err
+
+
+def test_sft_records_its_provenance_and_refuses_a_resume_on_other_data_or_model(tmp_path, capsys):
+    data, other = tmp_path / "data.jsonl", tmp_path / "other.jsonl"
+    write_sft_data(data)
+    other.write_text("".join(data.read_text().splitlines(keepends=True)[:4]))
+    model = tmp_path / "model"  # a copy of the shipped base, so that it can change under the same path
+    shutil.copytree(base_path(), model)
+    out = tmp_path / "run"
+    argv = ["sft", "--preset", "tiny", "--model", str(model), "--data", str(data), "--out", str(out), "--epochs", "1",
+            "--batch-size", "3", "--save-every", "1", "--keep-checkpoints", "0", "--no-progress"]
+    assert main(argv) == 0
+    record = json.loads((out / "provenance.json").read_text())
+    assert record["muarl"] == {"version": muarl.__version__, "commit": muarl_commit()}
+    assert record["packages"]["torch"] == package_version("torch")["version"] and record["packages"]["transformers"]
+    assert record["specs"] == {"model": str(model), "data": [str(data)]}
+    assert record["model"] == {"spec": str(model), "path": str(model), "adapters": []}
+    assert record["inputs"]["data"] == {str(data): hashlib.sha256(data.read_bytes()).hexdigest()}
+    weights = (model / "model.safetensors").read_bytes()
+    assert record["inputs"]["model"]["model.safetensors"] == hashlib.sha256(weights).hexdigest()
+    assert set(record["inputs"]["model"]) >= {"config.json", "tokenizer.json", "model.safetensors"}
+    saved = _checkpoints(out)
+
+    # other data: refused, naming the field, checkpoints and record untouched
+    err = _refused([*argv[:6], str(other), *argv[7:]], capsys)
+    assert "another config (data: [" in err and str(other) in err, err
+    # the same model path with other weights (a retrained model): refused, naming the file
+    tensors = load_file(model / "model.safetensors")
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    err = _refused(argv, capsys)
+    assert "inputs changed since it started (model.model.safetensors: " in err, err
+    assert _checkpoints(out) == saved and json.loads((out / "provenance.json").read_text()) == record
+
+    (model / "model.safetensors").write_bytes(weights)  # restored: the same command resumes
+    assert main(argv) == 0
+    # a run recorded before the model's digests were kept resumes (nothing to compare), and other package
+    # versions are a warning, not a refusal
+    older = {**record, "inputs": {"data": record["inputs"]["data"]},
+             "packages": {**record["packages"], "torch": "0.0.1"}}
+    (out / "provenance.json").write_text(json.dumps(older))
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "muarl: warning: " in err and f"packages.torch: 0.0.1 -> {torch.__version__}" in err, err
+
+
+def test_grpo_records_its_specs_and_refuses_a_resume_on_another_domain_or_model(tmp_path, monkeypatch, capsys):
+    for name in ("coin_a", "coin_b"):
+        monkeypatch.setitem(domain_module._REGISTRY, name, dataclasses.replace(coin, name=name))
+    out = tmp_path / "run"
+    argv = ["grpo", "--preset", "tiny", "--domain", "coin_a", "--steps", "1", "--tasks-per-step", "1",
+            "--group-size", "2", "--max-new-tokens", "8", "--max-turns", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    record = json.loads((out / "provenance.json").read_text())
+    assert record["specs"] == {"model": "tiny", "domain": "coin_a", "user": "scripted", "split": "train",
+                               "rollout_engine": "hf"}
+    assert record["model"]["path"] == str(base_path()) and record["inputs"]["domain"] == {}
+    assert record["inputs"]["model"]["model.safetensors"] == hashlib.sha256(
+        (base_path() / "model.safetensors").read_bytes()).hexdigest()
+    err = _refused([*argv[:4], "coin_b", *argv[5:]], capsys)
+    assert "another config (domain: 'coin_a' -> 'coin_b')" in err, err
+    err = _refused([*argv, "--model", "tiny-random"], capsys)
+    assert "another config (model: 'tiny' -> 'tiny-random')" in err, err
