@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from train_fixtures import write_sft_data
+from train_fixtures import assert_same_step, write_sft_data
 
 TESTS = Path(__file__).parent
 
@@ -49,25 +49,6 @@ def test_two_processes_keep_identical_weights_and_match_one_process(tmp_path):
     one_lines = (tmp_path / "single" / "sft" / "metrics.jsonl").read_text().splitlines()
     assert len(two_lines) == len(one_lines) == 1
     assert json.loads(two_lines[0])["loss"] == pytest.approx(json.loads(one_lines[0])["loss"], rel=1e-5)
-
-
-def assert_same_step(start: dict, one: dict, two: dict) -> None:
-    """Two runs took the same plain-SGD step from ``start``, up to float32 summation order.
-
-    The bound, per tensor: a step is ``-lr * clip * gradient``; one and two processes add the same terms in
-    another order, which moves a float32 sum by at most a few units of its last place relative to the sum
-    of the terms' sizes. 1e-3 of the tensor's largest step covers that with a wide margin (seen: under
-    1e-5) while a gradient that lost one process's share moves by about half its step; 4 units of float32's
-    last place at the tensor's largest weight bound the rounding of storing the weights themselves."""
-    moved = False
-    for k in one:
-        step = (one[k] - start[k]).abs().max().item()
-        ulp = one[k].abs().max().item() * 2.0 ** -23
-        tolerance = 1e-3 * step + 4 * ulp
-        difference = (one[k] - two[k]).abs().max().item()
-        assert difference <= tolerance, f"{k}: one and two processes differ by {difference:.3g} > {tolerance:.3g}"
-        moved |= step > 1e-3
-    assert moved  # and the step did move the weights
 
 
 def test_two_processes_against_one_rollout_server_are_refused_in_one_line(tmp_path):

@@ -70,3 +70,23 @@ def write_sft_data(path):
         lines.append(json.dumps({"messages": messages, "tools": think}))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def assert_same_step(start: dict, one: dict, two: dict) -> None:
+    """Two runs took the same plain-SGD steps from ``start`` (weights by name), up to float32 summation order.
+
+    The bound, per tensor: a step is ``-lr * clip * gradient``; one and two processes (or a sharded and an
+    unsharded model) add the same terms in another order, which moves a float32 sum by at most a few units
+    of its last place relative to the sum of the terms' sizes. 1e-3 of the tensor's largest change covers
+    that with a wide margin (seen: under 1e-5) while a gradient that lost one process's share moves by
+    about half its step; 4 units of float32's last place at the tensor's largest weight bound the rounding
+    of storing the weights themselves."""
+    moved = False
+    for k in one:
+        step = (one[k] - start[k]).abs().max().item()
+        ulp = one[k].abs().max().item() * 2.0 ** -23
+        tolerance = 1e-3 * step + 4 * ulp
+        difference = (one[k] - two[k]).abs().max().item()
+        assert difference <= tolerance, f"{k}: one and two processes differ by {difference:.3g} > {tolerance:.3g}"
+        moved |= step > 1e-3
+    assert moved  # and the step did move the weights

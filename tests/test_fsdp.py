@@ -1,0 +1,164 @@
+"""Sharded training (``--fsdp``, torch FSDP2 over gloo on the CPU): two ranks take the steps one unsharded
+process takes, and a sharded run's checkpoints resume exactly, on another number of ranks too.
+
+Every run here goes through the command line (``python -m muarl`` for one process, ``accelerate launch
+--module muarl`` for two), on the embedded tiny model and the coin domain of tests/train_fixtures.py,
+whose groups disagree so that every update is real. Plain SGD (``--optimizer sgd``): a step is the
+gradient times the learning rate, so runs compare within float32 summation noise (AdamW's first step
+divides a near-zero gradient by itself; see ``train_fixtures.assert_same_step`` for the bound).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from train_fixtures import assert_same_step, write_sft_data
+
+TESTS = Path(__file__).parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+       "OMP_NUM_THREADS": "1"}
+GRPO = ["grpo", "--model", "tiny", "--domain", "train_fixtures:coin", "--tasks-per-step", "3", "--group-size", "4",
+        "--max-new-tokens", "12", "--max-turns", "3", "--lr", "0.05", "--kl-beta", "0.1", "--micro-batch-size", "3",
+        "--save-every", "1", "--keep-checkpoints", "0", "--report-to", "none", "--optimizer", "sgd", "--no-progress"]
+SFT = ["sft", "--model", "tiny", "--epochs", "2", "--batch-size", "3", "--max-len", "8192", "--lr", "0.1",
+       "--save-every", "1", "--keep-checkpoints", "0", "--report-to", "none", "--optimizer", "sgd", "--no-progress"]
+
+
+def _command(ranks: int, args: list[str]) -> list[str]:
+    if ranks == 1:
+        return [sys.executable, "-m", "muarl", *args]
+    # --multi_gpu on a machine without CUDA: accelerate starts the processes and they join over gloo
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(ranks),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--module", "muarl", *args]
+
+
+def _muarl(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(_command(ranks, list(args)), env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(out: Path) -> dict:
+    return load_file(out / "model" / "model.safetensors")
+
+
+def _start() -> dict:
+    from muarl.models import load
+
+    return load("tiny")[0].state_dict()
+
+
+def _same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...]) -> None:
+    """Step by step equal: counts exactly (the same episodes were sampled), float sums up to summation
+    order. 1e-4 relative: weights that differ in their last float32 bits after a few steps move a token's
+    log-prob by about 1e-6 (logits of a few units, 24-bit mantissas), and a KL summed from such log-prob
+    differences by that relative to itself; a gradient that lost a rank's share differs by tens of
+    percent. An absolute 1e-6 for a loss whose advantages cancel to about 0."""
+    assert [m["step"] for m in one] == [m["step"] for m in two]
+    for a, b in zip(one, two, strict=True):
+        for key in keys:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+def test_two_sharded_ranks_take_the_steps_of_one_unsharded_process(tmp_path, lora):
+    """SFT and GRPO (with its KL term, so the sharded reference is used) on two sharded ranks against one
+    unsharded process: the same losses, gradient norms and weights; each rank wrote its own shard file; the
+    rollout engine samples from the updated shards (mismatch_kl at float noise)."""
+    data = write_sft_data(tmp_path / "sft.jsonl")
+    extra = ["--lora-r", str(lora)] if lora else []
+    for ranks, fsdp in ((1, []), (2, ["--fsdp"])):
+        _muarl(ranks, *SFT, "--data", str(data), "--out", str(tmp_path / f"sft{ranks}"), *extra, *fsdp)
+        _muarl(ranks, *GRPO, "--steps", "2", "--out", str(tmp_path / f"grpo{ranks}"), *extra, *fsdp)
+    _same_metrics(_metrics(tmp_path / "sft1"), _metrics(tmp_path / "sft2"), ("loss", "grad_norm", "target_tokens"))
+    grpo1, grpo2 = _metrics(tmp_path / "grpo1"), _metrics(tmp_path / "grpo2")
+    _same_metrics(grpo1, grpo2, ("reward", "trained_sequences", "loss", "kl", "grad_norm"))
+    assert all(m["grad_norm"] > 0 and m["trained_sequences"] > 0 for m in grpo2)
+    assert all(m["mismatch_kl"] < 1e-6 for m in grpo2)  # the engine's copy followed the shards
+    start = _start()
+    for run in ("sft", "grpo"):
+        assert_same_step(start, _weights(tmp_path / f"{run}1"), _weights(tmp_path / f"{run}2"))
+        shards = tmp_path / f"{run}2" / "checkpoints" / "step_1" / "shards"
+        assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    if lora:  # the adapter is what was trained and saved; OUT/model is the merge
+        one = load_file(tmp_path / "grpo1" / "adapter" / "adapter_model.safetensors")
+        two = load_file(tmp_path / "grpo2" / "adapter" / "adapter_model.safetensors")
+        assert one.keys() == two.keys() and all(k.endswith(("lora_A.weight", "lora_B.weight")) for k in one)
+
+
+@pytest.mark.slow
+def test_a_killed_sharded_run_resumes_on_one_rank_as_if_never_stopped(tmp_path):
+    """A two-rank GRPO run killed with SIGKILL once it has two checkpoints, whose newest checkpoint is then
+    damaged (rank 1's shard file cut short): rerun on one rank, it sets the damaged one aside, resumes from
+    the one before and ends with the metrics and weights of an uninterrupted two-rank run."""
+    steps = ["--steps", "5"]
+    _muarl(2, *GRPO, *steps, "--fsdp", "--out", str(tmp_path / "whole"))
+    out = tmp_path / "killed"
+    run = subprocess.Popen(_command(2, [*GRPO, *steps, "--fsdp", "--out", str(out)]), env=ENV,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoints" / "step_2").exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # every process at once, as a lost machine would: the launcher and its workers (torchrun starts
+        # each worker in a session of its own, so the launcher's process group does not hold them)
+        subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)
+    finally:
+        run.wait()
+    assert run.returncode == -signal.SIGKILL
+    assert not (out / "model").exists()  # killed before the end
+    newest = max((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    shard = newest / "shards" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+    resumed = _muarl(1, *GRPO, *steps, "--fsdp", "--out", str(out))
+    warning = next((line for line in resumed.stderr.splitlines() if "is damaged" in line), resumed.stderr[-2000:])
+    assert newest.name in warning and "shards/__1_0.distcp" in warning, warning
+    _same_metrics(_metrics(tmp_path / "whole"), _metrics(out), ("reward", "trained_sequences", "loss", "kl", "grad_norm"))
+    assert_same_step(_start(), _weights(tmp_path / "whole"), _weights(out))
+
+
+@pytest.mark.slow
+def test_a_one_rank_sharded_sft_checkpoint_resumes_on_two_ranks(tmp_path):
+    """1 -> 2 ranks: SFT saved by one sharded process, its last two checkpoints and result removed (a run
+    stopped after step 2 of 4), resumed by two ranks, ends as the uninterrupted one-rank run."""
+    data = write_sft_data(tmp_path / "sft.jsonl")
+    for name in ("whole", "cut"):
+        _muarl(1, *SFT, "--fsdp", "--data", str(data), "--out", str(tmp_path / name))
+    cut = tmp_path / "cut"
+    for path in (cut / "checkpoints" / "step_3", cut / "checkpoints" / "step_4", cut / "model"):
+        subprocess.run(["rm", "-r", str(path)], check=True)
+    _muarl(2, *SFT, "--fsdp", "--data", str(data), "--out", str(cut))
+    _same_metrics(_metrics(tmp_path / "whole"), _metrics(cut), ("loss", "grad_norm"))
+    assert_same_step(_start(), _weights(tmp_path / "whole"), _weights(cut))
+
+
+def test_sharding_options_that_cannot_apply_are_refused_in_one_line(tmp_path):
+    """--fsdp-offload without --fsdp, pretrain with --fsdp, and resuming a sharded run unsharded."""
+    data = write_sft_data(tmp_path / "sft.jsonl")
+    cases = [
+        (["sft", "--data", str(data), "--out", str(tmp_path / "a"), "--fsdp-offload"], "needs --fsdp"),
+        (["pretrain", "--out", str(tmp_path / "b"), "--fsdp"], "options of sft and grpo"),
+    ]
+    for args, words in cases:
+        done = subprocess.run(_command(1, args), env=ENV, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and words in done.stderr, done.stderr[-2000:]
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("muarl: error:")
+    out = tmp_path / "sharded"
+    _muarl(1, *SFT, "--fsdp", "--epochs", "1", "--data", str(data), "--out", str(out))
+    done = subprocess.run(_command(1, [*SFT, "--epochs", "2", "--data", str(data), "--out", str(out)]), env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "fsdp: True -> False" in done.stderr, done.stderr[-2000:]
