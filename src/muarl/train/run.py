@@ -46,9 +46,9 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
               "vllm_gpu_memory", "vllm_sleep", "vllm_sync_dir",
               # time limits only decide when a stuck party faults its episode (raise one after spurious faults)
               "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout",
-              # how the weights are laid out across processes, not what the steps compute (whether a checkpoint
-              # loads under the other layout is the checkpoint loader's to say)
-              "fsdp", "fsdp_offload"}
+              # where a sharded run keeps its optimizer state, not what the steps compute. Not fsdp itself: a
+              # sharded run's checkpoints hold shards (any number of ranks reads them), an unsharded one's do not
+              "fsdp_offload"}
 
 
 def _comparable(value: Any) -> Any:
