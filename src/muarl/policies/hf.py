@@ -16,6 +16,7 @@ fewer tokens than its bucket's longest), and positions are passed explicitly for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,6 +253,9 @@ class BatchedGenerator:
         #: the system turn every episode of a domain opens with (policy + tool schemas: most of a prompt),
         #: computed once and attended to by all rows at once; the first opening request sets it
         self.prefix: SharedPrefix | None = None
+        #: held around each pass of the model (admission prefill, decode step): asynchronous GRPO swaps the
+        #: weights under it, between two passes (muarl.train.async_rollouts)
+        self.lock: Any = contextlib.nullcontext()
         _enable_shared_prefix(model)
 
     @property
@@ -289,10 +293,10 @@ class BatchedGenerator:
                 if self.queue and self._live() < self.max_batch:
                     take = self.queue[: self.max_batch - self._live()]
                     del self.queue[: len(take)]
-                    await asyncio.to_thread(self._admit, take)
+                    await asyncio.to_thread(self._locked, self._admit, take)
                     self._release_finished()  # a turn can end on its first token
                 if self.rows:
-                    await asyncio.to_thread(self._decode_step)
+                    await asyncio.to_thread(self._locked, self._decode_step)
                     self._release_finished()
         except Exception as err:  # fail every waiting episode loudly rather than hang them
             for item in [r for r in self.rows if r is not None] + self.queue:
@@ -300,6 +304,10 @@ class BatchedGenerator:
                     item.future.set_exception(err)
             self.rows, self.queue, self.mask, self.cache = [], [], None, None
             raise
+
+    def _locked(self, work: Any, *args: Any) -> None:
+        with self.lock:
+            work(*args)
 
     # -- model work (worker thread) -----------------------------------------------------------------
     @torch.no_grad()

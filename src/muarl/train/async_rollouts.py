@@ -1,0 +1,215 @@
+"""Asynchronous GRPO (``--max-staleness N``): episodes keep being played while the trainer updates.
+
+In the method's own setting the simulated user is an API model and an episode mostly waits for its
+replies; a synchronous step (sample, then update) leaves the trainer idle while users think and the
+sampler idle while the trainer updates, and waits for the step's slowest episode. Here a
+:class:`RolloutStream` plays groups in a thread of its own, on the sampler's copy of the weights, and
+hands them to the trainer as they finish:
+
+- every group records the weights version it started under (``policy_version`` in each episode's
+  metadata; a version is one update); the trainer takes finished groups in the order they finished and
+  drops (and counts) any whose version is more than N updates behind its own;
+- the stream runs at most N + 1 steps' groups ahead of the trainer, so nothing it plays is older than
+  the trainer can use; with N = 0 ``train_grpo`` does not use it at all (today's synchronous step);
+- after each update the trainer pushes its weights into the sampler's copy (:meth:`RolloutStream.sync`),
+  between two forward passes of the sampler (a lock the sampler's engine takes per pass): episodes in
+  flight go on with the new weights, and every token keeps the log-prob it was drawn with;
+- the update weighs each token by the truncated importance ratio of the trainer's pre-update log-probs
+  to those behaviour log-probs (``--tis-cap``, 2 unless set), so stale tokens are corrected as the
+  engine/trainer mismatch is; the KL term is unchanged.
+
+A killed asynchronous run resumes from its last checkpoint when rerun; the episodes that were in flight
+are lost and played again (the data position is the count of groups the trainer consumed, trained or
+dropped). Unlike a synchronous run, an asynchronous one is not reproducible bit for bit: which weights an
+episode meets depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from muarl.rollout import RolloutEngine
+from muarl.types import Task, Trajectory
+
+
+@dataclass
+class Finished:
+    """A group the stream played: its task's position in the run's task order, the weights version it
+    started under, and its episodes."""
+
+    position: int
+    version: int
+    group: list[Trajectory]
+
+
+@dataclass
+class Taken:
+    """What :meth:`RolloutStream.take` handed the trainer for one step."""
+
+    groups: list[Finished]
+    dropped: int  # groups too stale to use (more than N updates old), counted and discarded
+    uninformative: int  # with dynamic sampling: groups whose members all scored alike, discarded
+    waited_s: float  # how long the trainer waited for them (trainer idle)
+    staleness: list[int] = field(default_factory=list)  # per kept group: trainer version - group version
+
+
+class RolloutStream:
+    """Groups played in a background thread against ``sampler``'s weights, ``order[cursor:]`` in order.
+
+    ``group_seed(position)`` seeds a group's episodes; ``lead`` bounds how many groups may be started and
+    not yet consumed. ``on_group`` (optional) is called in the stream's thread with each finished group
+    (a progress display)."""
+
+    def __init__(self, sampler: Any, domain: Any, user: Any, episode: Any, group_size: int, order: list[Task],
+                 cursor: int, lead: int, group_seed: Any, policy_seed: int):
+        self.sampler, self.domain, self.user, self.episode = sampler, domain, user, episode
+        self.group_size, self.order, self.next_position, self.lead = group_size, order, cursor, lead
+        self.group_seed = group_seed
+        self.policy = sampler.policy(policy_seed)  # one engine for the run: its batches mix groups
+        self.weights_lock = threading.Lock()
+        engine = getattr(self.policy, "engine", None)
+        if engine is not None and hasattr(engine, "lock"):
+            engine.lock = self.weights_lock  # the engine's forward passes and the weight sync exclude each other
+        self.cond = threading.Condition()
+        self.finished: list[Finished] = []
+        self.version = 0
+        self.started = 0  # groups started since the stream began
+        self.consumed = 0  # groups the trainer took or dropped
+        self.sampler_idle_s = 0.0  # time with no episode in flight because the stream was at its lead
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._thread, name="muarl-rollouts", daemon=True)
+
+    # -- the stream's thread ---------------------------------------------------------------------------------
+    def start(self) -> RolloutStream:
+        self.thread.start()
+        return self
+
+    def _thread(self) -> None:
+        try:
+            asyncio.run(self._play())
+        except BaseException as err:  # handed to the trainer, which raises it
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    async def _play(self) -> None:
+        in_flight: set[asyncio.Task] = set()
+        idle_since: float | None = None
+        while not self.stopping:
+            with self.cond:
+                room = self.started - self.consumed < self.lead
+            if not room:
+                if not in_flight and idle_since is None:
+                    idle_since = time.perf_counter()
+                await asyncio.sleep(0.005)
+                continue
+            if idle_since is not None:
+                self.sampler_idle_s += time.perf_counter() - idle_since
+                idle_since = None
+            position = self.next_position
+            self.next_position += 1
+            with self.cond:
+                self.started += 1
+            job = asyncio.create_task(self._group(position, self.version))
+            in_flight.add(job)
+            job.add_done_callback(in_flight.discard)
+            await asyncio.sleep(0)
+        for job in in_flight:
+            job.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _group(self, position: int, version: int) -> None:
+        task = self.order[position % len(self.order)]
+        engine = RolloutEngine(self.domain, self.policy, self.user, self.episode, group_size=self.group_size,
+                               common_user_seed=True, seed=self.group_seed(position), progress=False)
+        try:
+            group = (await engine.run([task]))[0]
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+            return
+        for traj in group:
+            traj.metadata["policy_version"] = version
+        with self.cond:
+            self.finished.append(Finished(position, version, group))
+            self.cond.notify_all()
+
+    # -- the trainer's side ------------------------------------------------------------------------------------
+    def take(self, count: int, min_version: int, informative: Any = None, most: int | None = None) -> Taken:
+        """Block until ``count`` finished groups of version ``min_version`` or newer are there; take them in
+        the order they finished, dropping older ones. ``informative(group)`` (dynamic sampling) also
+        discards groups without a learning signal, until ``most`` groups were consumed in all (then what
+        was kept is returned, possibly fewer than ``count``)."""
+        began = time.perf_counter()
+        kept: list[Finished] = []
+        dropped = uninformative = seen = 0
+        with self.cond:
+            while len(kept) < count and (most is None or seen < most):
+                if self.error is not None:
+                    raise self.error
+                if not self.finished:
+                    self.cond.wait(timeout=0.5)
+                    continue
+                item = self.finished.pop(0)
+                self.consumed += 1
+                seen += 1
+                if item.version < min_version:
+                    dropped += 1
+                elif informative is not None and not informative(item.group):
+                    uninformative += 1
+                else:
+                    kept.append(item)
+        return Taken(kept, dropped, uninformative, time.perf_counter() - began,
+                     [self.version - item.version for item in kept])
+
+    def sync(self, model: Any) -> float:
+        """The trainer's updated weights into the sampler, between two of its forward passes; the new
+        version applies to groups started from now on. Returns the seconds it took (waiting included)."""
+        began = time.perf_counter()
+        with self.weights_lock:
+            self.sampler.sync(model)
+            updated = getattr(self.policy, "weights_updated", None)
+            if updated is not None:
+                updated()  # cached KV of the shared system turn was computed with the old weights
+        self.version += 1
+        return time.perf_counter() - began
+
+    def close(self) -> None:
+        """Stop playing and wait for the thread (episodes in flight are abandoned)."""
+        self.stopping = True
+        self.thread.join(timeout=60)
+
+
+def take_step(stream: RolloutStream, cursor: int, config: Any, reward_of: Any) -> tuple[
+        list[list[Trajectory]], Any, Any, int, dict[str, float]]:
+    """One step's groups from ``stream``, shaped as ``collect_groups`` returns them (groups, their training
+    rewards, which the update keeps, the new cursor) plus the step's asynchrony metrics. ``reward_of``
+    gives an episode's training reward. Groups more than ``config.max_staleness`` updates old are dropped;
+    with dynamic sampling, all-alike groups too, consuming at most ``max_rollout_batches`` steps' worth."""
+    import torch
+
+    from muarl.algorithms import informative_groups
+
+    def informative(group: list[Trajectory]) -> bool:
+        return bool(informative_groups(torch.tensor([[reward_of(t) for t in group]]))[0])
+
+    taken = stream.take(config.tasks_per_step, stream.version - config.max_staleness,
+                        informative if config.dynamic_sampling else None,
+                        config.max_rollout_batches * config.tasks_per_step if config.dynamic_sampling else None)
+    groups = [item.group for item in taken.groups]
+    rewards = torch.tensor([[reward_of(t) for t in g] for g in groups]).reshape(len(groups), config.group_size)
+    consumed = len(groups) + taken.dropped + taken.uninformative
+    metrics = {"staleness_mean": sum(taken.staleness) / max(len(taken.staleness), 1),
+               "staleness_max": float(max(taken.staleness, default=0)), "dropped_groups": float(taken.dropped),
+               "trainer_idle_s": taken.waited_s, "sampler_idle_s": stream.sampler_idle_s,
+               "uninformative_groups": float(taken.uninformative)}
+    stream.sampler_idle_s = 0.0
+    return groups, rewards, torch.ones(len(groups), dtype=torch.bool), cursor + consumed, metrics
