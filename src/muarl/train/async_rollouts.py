@@ -9,8 +9,10 @@ hands them to the trainer as they finish:
 - every group records the weights version it started under (``policy_version`` in each episode's
   metadata; a version is one update); the trainer takes finished groups in the order they finished and
   drops (and counts) any whose version is more than N updates behind its own;
-- the stream runs at most N + 1 steps' groups ahead of the trainer, so nothing it plays is older than
-  the trainer can use; with N = 0 ``train_grpo`` does not use it at all (today's synchronous step);
+- the stream starts a group only while fewer than (updates so far + N + 1) steps' worth were started
+  (AReaL's bound), so groups that finish in order are never too stale to use; a group the trainer drops
+  or discards (dynamic sampling) is replaced; with N = 0 ``train_grpo`` does not use the stream at all
+  (today's synchronous step);
 - after each update the trainer pushes its weights into the sampler's copy (:meth:`RolloutStream.sync`),
   between two forward passes of the sampler (a lock the sampler's engine takes per pass): episodes in
   flight go on with the new weights, and every token keeps the log-prob it was drawn with;
@@ -60,14 +62,16 @@ class Taken:
 class RolloutStream:
     """Groups played in a background thread against ``sampler``'s weights, ``order[cursor:]`` in order.
 
-    ``group_seed(position)`` seeds a group's episodes; ``lead`` bounds how many groups may be started and
-    not yet consumed. ``on_group`` (optional) is called in the stream's thread with each finished group
-    (a progress display)."""
+    ``group_seed(position)`` seeds a group's episodes; ``per_step`` groups make a step, ``staleness`` is
+    N: at most (syncs so far + N + 1) * ``per_step`` groups are started (plus one for each group the
+    trainer dropped or discarded)."""
 
     def __init__(self, sampler: Any, domain: Any, user: Any, episode: Any, group_size: int, order: list[Task],
-                 cursor: int, lead: int, group_seed: Any, policy_seed: int):
+                 cursor: int, per_step: int, staleness: int, group_seed: Any, policy_seed: int):
         self.sampler, self.domain, self.user, self.episode = sampler, domain, user, episode
-        self.group_size, self.order, self.next_position, self.lead = group_size, order, cursor, lead
+        self.group_size, self.order, self.next_position = group_size, order, cursor
+        self.per_step = per_step
+        self.budget = (staleness + 1) * per_step  # groups the stream may have started so far
         self.group_seed = group_seed
         self.policy = sampler.policy(policy_seed)  # one engine for the run: its batches mix groups
         self.weights_lock = threading.Lock()
@@ -78,7 +82,6 @@ class RolloutStream:
         self.finished: list[Finished] = []
         self.version = 0
         self.started = 0  # groups started since the stream began
-        self.consumed = 0  # groups the trainer took or dropped
         self.sampler_idle_s = 0.0  # time with no episode in flight because the stream was at its lead
         self.error: BaseException | None = None
         self.stopping = False
@@ -102,7 +105,7 @@ class RolloutStream:
         idle_since: float | None = None
         while not self.stopping:
             with self.cond:
-                room = self.started - self.consumed < self.lead
+                room = self.started < self.budget
             if not room:
                 if not in_flight and idle_since is None:
                     idle_since = time.perf_counter()
@@ -159,12 +162,13 @@ class RolloutStream:
                     self.cond.wait(timeout=0.5)
                     continue
                 item = self.finished.pop(0)
-                self.consumed += 1
                 seen += 1
                 if item.version < min_version:
                     dropped += 1
+                    self.budget += 1  # played again by a fresher group
                 elif informative is not None and not informative(item.group):
                     uninformative += 1
+                    self.budget += 1
                 else:
                     kept.append(item)
         return Taken(kept, dropped, uninformative, time.perf_counter() - began,
@@ -179,7 +183,9 @@ class RolloutStream:
             updated = getattr(self.policy, "weights_updated", None)
             if updated is not None:
                 updated()  # cached KV of the shared system turn was computed with the old weights
-        self.version += 1
+        with self.cond:
+            self.version += 1
+            self.budget += self.per_step
         return time.perf_counter() - began
 
     def close(self) -> None:

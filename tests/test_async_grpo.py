@@ -1,0 +1,153 @@
+"""Asynchronous GRPO (``--max-staleness N``, muarl.train.async_rollouts): rollouts go on while the trainer
+updates, groups are used at most N updates old, stale tokens are weighed by their importance ratio, and
+N = 0 is today's synchronous run. Real runs on the embedded model and the coin domain of
+tests/train_fixtures.py (groups disagree, so every update is real)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from muarl.train.grpo import preset, train_grpo
+
+TESTS = Path(__file__).parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+
+def _config(out: Path, **overrides):
+    settings = dict(domain="train_fixtures:coin", out=str(out), steps=4, tasks_per_step=2, group_size=4,
+                    max_new_tokens=12, max_turns=3, lr=1e-3, save_every=0, report_to="none")
+    return preset("tiny", **{**settings, **overrides})
+
+
+def _rollouts(out: Path) -> dict[int, list[dict]]:
+    return {int(p.stem.split("_")[1]): [json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted((out / "rollouts").glob("step_*.jsonl"))}
+
+
+@pytest.mark.slow
+def test_staleness_never_exceeds_n_with_a_slow_trainer(tmp_path):
+    """A trainer slowed by 6 optimizer steps per batch (``num_iterations``) while the sampler runs ahead:
+    every trained episode was sampled at most N = 1 updates before the update that used it, and the
+    sampler did run ahead (some groups are 1 update old), recorded per episode and per step."""
+    result = train_grpo(_config(tmp_path / "run", steps=5, max_staleness=1, num_iterations=6), progress=False)
+    metrics = result["metrics"]
+    assert all(m["staleness_max"] <= 1 for m in metrics)
+    assert any(m["staleness_mean"] > 0 for m in metrics)  # the stream did sample while the trainer updated
+    for step, episodes in _rollouts(tmp_path / "run").items():
+        trained = [e for e in episodes if e["metadata"]["trained"]]
+        assert trained
+        # step s (1-based) trains after s - 1 updates: its episodes' weights are at most N = 1 behind that
+        assert all(step - 1 - e["metadata"]["policy_version"] <= 1 for e in trained), step
+    assert all({"trainer_idle_s", "sampler_idle_s", "dropped_groups"} <= m.keys() for m in metrics)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["tis_cap"] == 2.0  # stale tokens weighed
+
+
+@pytest.mark.slow
+def test_max_staleness_0_is_the_synchronous_run(tmp_path):
+    """N = 0 samples then updates, as a run without the option: the same episodes and the same weights."""
+    train_grpo(_config(tmp_path / "default", steps=2), progress=False)
+    train_grpo(_config(tmp_path / "zero", steps=2, max_staleness=0), progress=False)
+    assert _rollouts(tmp_path / "default") == _rollouts(tmp_path / "zero")
+    one, two = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("default", "zero"))
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    assert not any("policy_version" in e["metadata"] for e in _rollouts(tmp_path / "zero")[1])
+
+
+def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
+    """Episodes sampled by the starting model (behaviour), trained by a model two updates ahead: the
+    update's loss is the token-mean of -advantage x min(trainer / behaviour probability, 2), the ratio to
+    the trainer's own pre-update log-probs being 1. Computed by hand from the trainer's log-probs."""
+    from muarl.algorithms import get_algorithm
+    from muarl.models import load
+    from muarl.train.grpo import GRPOConfig, policy_update, sequence_logprobs
+    from train_fixtures import sample_coin_batch
+
+    batch = sample_coin_batch()  # the tiny model's episodes, its log-probs stored at sampling time
+    model = load("tiny")[0]
+    with torch.no_grad():  # two updates' worth of change: the behaviour policy is stale
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    config = GRPOConfig(kl_beta=0.0, lr=1e-9, max_staleness=2, skip_zero_advantage=False, shared_prefix=False)
+    assert config.tis_cap == 2.0
+    tokens = sum(sum(t.loss_mask) for t, _ in batch)
+    expected, weights = 0.0, []
+    model.eval()
+    with torch.no_grad():
+        for traj, advantage in batch:
+            current, _ = sequence_logprobs(model, traj.token_ids, config.temperature, traj.loss_mask)
+            mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+            w = torch.exp(current[mask].double() - torch.tensor(traj.logprobs, dtype=torch.float64)[mask]).clamp(max=2)
+            weights.append(w)
+            expected += float(-(advantage * w).sum()) / tokens
+    assert any(float((w - 1).abs().max()) > 0.05 for w in weights)  # the weights are not all 1: a real test
+    algorithm = get_algorithm("grpo", clip_low=config.clip_low, clip_high=config.clip_high, kl_beta=0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    stats, _, _ = policy_update(model, None, optimizer, algorithm, batch, config)
+    assert stats["loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_killed_asynchronous_run_resumes_from_its_checkpoint(tmp_path):
+    """SIGKILL after the step-2 checkpoint, rerun: the run resumes from it (the episodes in flight are
+    played again) and finishes every step, the resumed steps asynchronous as before."""
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "muarl", "grpo", "--model", "tiny", "--domain", "train_fixtures:coin",
+            "--out", str(out), "--steps", "6", "--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens",
+            "12", "--max-turns", "3", "--lr", "1e-3", "--save-every", "2", "--report-to", "none",
+            "--max-staleness", "1", "--num-iterations", "4", "--no-progress"]
+    run = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoints" / "step_2").exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run.send_signal(signal.SIGKILL)
+    finally:
+        run.wait()
+    assert run.returncode == -signal.SIGKILL and not (out / "model").exists()
+    kept = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    done = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6] and len(kept) >= 2
+    assert all("staleness_max" in m and m["staleness_max"] <= 1 for m in metrics)
+    assert (out / "model" / "model.safetensors").exists()
+
+
+def test_options_that_cannot_run_asynchronously_are_refused():
+    for overrides, words in (({"max_staleness": -1}, "must be 0"),
+                             ({"max_staleness": 1, "fsdp": True}, "without --fsdp"),
+                             ({"max_staleness": 1, "rollout_engine": "vllm"}, "--rollout-engine hf")):
+        with pytest.raises(ValueError, match=words):
+            _config(Path("unused"), **overrides)
+
+
+def test_the_trainer_takes_groups_in_finishing_order_and_drops_those_too_stale():
+    """``RolloutStream.take`` on finished groups of versions 0, 2, 1, 3 with the trainer at version 3 and
+    N = 1: it drops the version-0 group and the version-1 group (3 - 1 > 1), keeps 2 and 3 in the order they
+    finished, and every drop gives the stream room for one more group."""
+    from muarl.domain import get_domain
+    from muarl.models import load
+    from muarl.train.async_rollouts import Finished, RolloutStream
+    from muarl.train.samplers import HFSampler
+    from muarl.users.scripted import ScriptedUser
+
+    model, tokenizer = load("tiny")
+    stream = RolloutStream(HFSampler(model, tokenizer, 1.0, 8), get_domain("retail-lite"), ScriptedUser(), None,
+                           group_size=1, order=[], cursor=0, per_step=2, staleness=1, group_seed=lambda p: p,
+                           policy_seed=0)  # not started: no thread plays; the finished groups are set by hand
+    stream.version = 3
+    stream.finished = [Finished(position, version, []) for position, version in enumerate([0, 2, 1, 3])]
+    budget = stream.budget
+    taken = stream.take(2, min_version=stream.version - 1)
+    assert [item.version for item in taken.groups] == [2, 3] and taken.dropped == 2
+    assert taken.staleness == [1, 0] and stream.budget == budget + 2 and not stream.finished
