@@ -36,6 +36,10 @@ PANELS: list[tuple[str, list[str]]] = [
     ("clip fraction", ["clip_fraction"]),
     ("faults / violations per episode", ["sim_fault_rate", "fault_rate", "violation_rate", "malformed_calls"]),
     ("seconds per step", ["rollout_s", "reference_s", "update_s"]),
+    # asynchronous GRPO (--max-staleness): how old the trained groups were, what was dropped, who waited
+    ("staleness (updates)", ["staleness_mean", "staleness_max"]),
+    ("idle seconds per step", ["trainer_idle_s", "sampler_idle_s"]),
+    ("dropped groups", ["dropped_groups"]),
     ("tokens per second", ["tokens_per_s"]),
     ("learning rate", ["lr"]),
 ]
