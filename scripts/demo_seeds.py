@@ -71,7 +71,10 @@ def main() -> None:
               f"{shown_greedy} | {before.metrics['violation_rate']:.3f} -> {after.metrics['violation_rate']:.3f} | "
               f"{summary['total_seconds'] / 60:.1f} |")
     settings = Path(args.runs[0]) / "demo.json"
-    temperature = json.loads(settings.read_text()).get("temperature", 1.0) if settings.exists() else 1.0
+    recorded = json.loads(settings.read_text()) if settings.exists() else {}
+    # GRPO's temperature, which the evaluations sample at (``temperature`` in runs recorded before DemoConfig
+    # nested the GRPO config)
+    temperature = recorded.get("grpo.temperature", recorded.get("temperature", 1.0))
     _pooled(f"sampled (T = {temperature:g})", sampled, args.samples, args.seed)
     if greedy:
         _pooled(f"greedy (T = 0, {len(greedy)} of {len(sampled)} seeds)", greedy, args.samples, args.seed)

@@ -71,7 +71,7 @@ def test_unknown_domain_is_a_clear_error():
 def test_grpo_command_line_reaches_the_config():
     """Flags of `muarl grpo` land in the GRPOConfig the run gets; absent ones keep the preset's values."""
     from muarl.cli import build_parser
-    from muarl.train.cli import grpo_config
+    from muarl.cli.grpo import grpo_config
 
     base = ["grpo", "--model", "tiny", "--domain", "retail-lite", "--out", "runs/x", "--preset", "tiny"]
     plain = grpo_config(build_parser().parse_args(base))

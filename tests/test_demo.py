@@ -45,7 +45,7 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
         assert summary[key]["pass^1"] == [pass1["diff"], pass1["low"], pass1["high"]]
     assert (out / "changed.md").read_text().startswith("# Held-out conversations that changed with RL")
     grpo = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in grpo] == list(range(1, smoke.grpo_steps + 1))
+    assert [r["step"] for r in grpo] == list(range(1, smoke.grpo.steps + 1))
     assert all("reward" in r and "violation_rate" in r for r in grpo)
     for plot in ("cold_start.png", "grpo_dynamics.png", "eval.png"):
         assert (out / "plots" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -126,7 +126,7 @@ def test_stop_after_ends_the_run_there_and_recipe_flags_reach_the_config(tmp_pat
     assert (out / "model" / "DONE").exists() and (out / "synth" / "DONE").exists()
     assert not (out / "sft-prefix").exists() and not (out / "sft").exists() and not (out / "summary.json").exists()
     settings = json.loads((out / "demo.json").read_text())
-    assert (settings["head_dim"], settings["kv_heads"], settings["prompt"], settings["sft_epochs"]) == (32, 1, "full", 3)
+    assert (settings["head_dim"], settings["kv_heads"], settings["prompt"], settings["sft.epochs"]) == (32, 1, "full", 3)
     assert settings["prefix_calls"] == PRESETS["smoke-scratch"].prefix_calls  # not given: the preset's
     model = json.loads((out / "model" / "config.json").read_text())
     assert (model["head_dim"], model["num_key_value_heads"]) == (32, 1)

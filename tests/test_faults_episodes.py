@@ -486,7 +486,7 @@ def test_a_misspelt_domain_module_or_attribute_is_one_line(spec: str, says: str,
 
 def test_grpo_and_synth_take_the_limits() -> None:
     from muarl.cli import build_parser
-    from muarl.train.cli import grpo_config
+    from muarl.cli.grpo import grpo_config
 
     args = build_parser().parse_args(["grpo", "--out", "x", "--user-timeout", "5", "--tool-timeout", "0",
                                       "--agent-timeout", "9", "--user-http-timeout", "3", "--user-max-tokens", "64"])

@@ -27,78 +27,116 @@ skipped, training resumes from its last checkpoint, evaluation from its last fin
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from muarl.train.grpo import GRPOConfig
+from muarl.train.sft import SFTConfig
+
+#: the demo's SFT: small batches (a model this size learns per step, not per token), one conversation a row
+SFT = SFTConfig(epochs=2, lr=3e-3, batch_size=2, warmup_steps=2, max_len=0, packing=False, save_every=100,
+                report_to="tensorboard")
+#: the demo's GRPO: the measured recipe of docs/research/rl-beats-cold-start.md. 45 steps at lr 2e-4 with two
+#: updates per batch of rollouts (GRPO's mu), no KL term, run-on episodes out of the gradient; a rule-breaking
+#: episode trains as a plain failure: below 0 lowered violations but cut the success gain (seed 2: -1 gave
+#: +0.035, -0.25 gave +0.075, 0 gave +0.185). Its temperature, token and turn limits are the evaluations' too.
+GRPO = GRPOConfig(steps=45, tasks_per_step=8, group_size=8, lr=2e-4, kl_beta=0.0, num_iterations=2,
+                  mask_truncated=True, penalize_violations=True, violation_reward=0.0, max_new_tokens=200,
+                  max_turns=16, temperature=1.0, save_every=2, report_to="tensorboard")
+#: fields of the nested configs that each stage sets itself (its model, data, run directory, the demo's seed
+#: and domain): not knobs, so neither options nor part of the recorded settings
+STAGE_FIELDS = ("model", "data", "out", "seed", "domain")
+#: where the cold start comes from: the packaged base, or random weights trained by synth and SFT
+BASES = ("shipped", "scratch")
+
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Every knob of the demo; :data:`PRESETS` holds the default run (timed in the README) and the smoke run.
+    """Every knob of the demo; :data:`PRESETS` holds the default run (timed in the README) and the smoke runs.
 
+    The SFT and GRPO stages' settings are whole :class:`~muarl.train.sft.SFTConfig` and
+    :class:`~muarl.train.grpo.GRPOConfig` objects (``sft``, ``grpo``), not copies of their fields: a training
+    option is defined once, and the demo's command line offers the ones it varies (:mod:`muarl.cli.demo`).
     The defaults are the measured recipe of docs/research/rl-beats-cold-start.md: RL on users who behave
-    otherwise than the cold start's (most forgot their email), 45 steps at lr 2e-4 with two updates per
-    batch of rollouts, no KL term, run-on episodes out of the gradient.
+    otherwise than the cold start's (most forgot their email).
     """
 
-    domain: str = "retail-lite-forgetful"
-    base: str = "shipped"  # shipped: start from the packaged cold-start base; scratch: random weights + synth + SFT
+    domain: str = field(default="retail-lite-forgetful", metadata={
+        "help": "the domain GRPO trains on and evaluation tests"})
+    base: str = field(default="shipped", metadata={
+        "help": "shipped: start from the packaged cold-start base; scratch: random weights, synth and SFT first",
+        "choices": BASES})
     # the embedded model (base="scratch")
-    hidden_size: int = 64
-    layers: int = 2
-    heads: int = 4
-    head_dim: int = 0  # 0: hidden_size / heads. 64 learns to copy ids far sooner (README, demo status)
-    kv_heads: int = 0  # 0: heads / 2
-    prompt: str = "full"  # the chat template's system turn: full, or compact (tool names only)
+    hidden_size: int = field(default=64, metadata={"help": "hidden size of the model from random weights"})
+    layers: int = field(default=2, metadata={"help": "decoder layers of the model from random weights"})
+    heads: int = field(default=4, metadata={"help": "attention heads of the model from random weights"})
+    head_dim: int = field(default=0, metadata={
+        "help": "attention head width (0: hidden size / heads; 64 learns to copy ids far sooner)"})
+    kv_heads: int = field(default=0, metadata={"help": "key/value heads (0: heads / 2)"})
+    prompt: str = field(default="full", metadata={
+        "help": "the chat template's system turn: full, or compact (tool names only)", "choices": ["full", "compact"]})
     # cold-start data: which families the teacher plays, how many of its conversations SFT uses
-    sft_conversations: int = 400
-    synth_families: tuple[str, ...] = ()
-    # SFT, first on the conversations' openings (0: skip), then on whole conversations
-    prefix_calls: int = 0  # openings cut after the agent's Nth tool call: copying ids is learned there first
-    prefix_epochs: int = 20
-    prefix_batch: int = 8
-    sft_epochs: int = 2
-    sft_lr: float = 3e-3
-    sft_batch: int = 2  # small batches: a model this size learns per step, not per token
-    fresh_ids: bool = False  # rename ids afresh every step (both SFT stages), so they must be copied, not recalled
-    # GRPO
-    grpo_steps: int = 45
-    tasks_per_step: int = 8
-    group_size: int = 8
-    grpo_lr: float = 2e-4
-    kl_beta: float = 0.0
-    num_iterations: int = 2  # optimizer steps per batch of rollouts (GRPO's mu)
-    dynamic_sampling: bool = False  # DAPO: refill the update with groups that have a learning signal
-    mask_truncated: bool = True  # DAPO's overlong filtering: run-on episodes stay out of the gradient
-    penalize_violations: bool = True
-    # 0: a rule-breaking episode scores as a plain failure. Below 0 lowered violations but cut the success gain
-    # (seed 2: -1 gave +0.035, -0.25 gave +0.075, 0 gave +0.185; docs/research/rl-beats-cold-start.md)
-    violation_reward: float = 0.0
-    max_new_tokens: int = 200
-    max_turns: int = 16
+    sft_conversations: int = field(default=400, metadata={"help": "the teacher's conversations SFT trains on"})
+    synth_families: tuple[str, ...] = field(default=(), metadata={
+        "help": "task families the teacher plays (default: all)", "metavar": "FAMILY"})
+    # SFT first on the conversations' openings, where copying ids is learned first (0: skip)
+    prefix_calls: int = field(default=0, metadata={
+        "help": "first train on openings cut after the agent's Nth tool call (0: skip that stage)"})
+    prefix_epochs: int = field(default=20, metadata={"help": "epochs of the openings stage"})
+    prefix_batch: int = field(default=8, metadata={"help": "conversations per step of the openings stage"})
+    sft: SFTConfig = field(default_factory=lambda: replace(SFT), metadata={
+        "help": "the SFT stages' settings (the openings stage: its epochs and batch size instead)"})
+    grpo: GRPOConfig = field(default_factory=lambda: replace(GRPO), metadata={"help": "the GRPO stage's settings"})
     # evaluation
-    eval_tasks: int = 50
-    eval_k: int = 4
-    temperature: float = 1.0
+    eval_tasks: int = field(default=50, metadata={"help": "test tasks evaluated (the first N)"})
+    eval_k: int = field(default=4, metadata={"help": "trials per evaluated task"})
     # also evaluate greedily (T = 0), before and after RL, on the same tasks and users: two more evaluations
-    greedy: bool = True
+    greedy: bool = field(default=True, metadata={
+        "help": "also evaluate greedily (T = 0) before and after RL, same tasks and users (two more evaluations)"})
+
+    def with_overrides(self, **overrides: Any) -> DemoConfig:
+        """This config with the overrides that were given (None: keep); a nested config's overrides come as a
+        dict of its fields (``grpo={"steps": 3}``) and change only those."""
+        given = {}
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            current = getattr(self, name)
+            if is_dataclass(current) and isinstance(value, dict):
+                value = replace(current, **{k: v for k, v in value.items() if v is not None})
+            given[name] = value
+        return replace(self, **given)
+
+    def settings(self) -> dict[str, Any]:
+        """The knobs as plain values, nested configs by field name (``grpo.steps``), without the fields each
+        stage sets itself: what ``demo.json`` records and a resumed run must match."""
+        flat: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if is_dataclass(value):
+                flat.update({f"{f.name}.{k}": v for k, v in asdict(value).items() if k not in STAGE_FIELDS})
+            else:
+                flat[f.name] = list(value) if isinstance(value, tuple) else value
+        return flat
 
 
 PRESETS: dict[str, DemoConfig] = {
     "default": DemoConfig(),
     # smoke: every stage of the default run, briefly (CI runs it)
-    "smoke": DemoConfig(grpo_steps=2, tasks_per_step=2, group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4,
-                        eval_k=2),
+    "smoke": DemoConfig(grpo=replace(GRPO, steps=2, tasks_per_step=2, group_size=4, max_new_tokens=48, max_turns=8),
+                        eval_tasks=4, eval_k=2),
     # smoke-scratch: the from-random-weights recipe's stages (compact prompt, openings first, fresh ids), briefly
-    "smoke-scratch": DemoConfig(base="scratch", prompt="compact", prefix_calls=2, prefix_epochs=1, fresh_ids=True,
-                                sft_conversations=24, sft_epochs=1, sft_batch=8, grpo_steps=2, tasks_per_step=2,
-                                group_size=4, max_new_tokens=48, max_turns=8, eval_tasks=4, eval_k=2),
+    "smoke-scratch": DemoConfig(base="scratch", prompt="compact", prefix_calls=2, prefix_epochs=1, sft_conversations=24,
+                                sft=replace(SFT, epochs=1, batch_size=8, fresh_ids=True),
+                                grpo=replace(GRPO, steps=2, tasks_per_step=2, group_size=4, max_new_tokens=48,
+                                             max_turns=8),
+                                eval_tasks=4, eval_k=2),
 }
 
 
@@ -108,9 +146,6 @@ def _done(folder: Path) -> bool:
 
 def _mark(folder: Path, **info: Any) -> None:
     (folder / "DONE").write_text(json.dumps(info) + "\n")
-
-
-BASES = ("shipped", "scratch")
 
 
 def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
@@ -149,7 +184,7 @@ def opening_supervised(out: Path, config: DemoConfig, model: Path, data: Path, s
     """Stage 3a (when ``prefix_calls``): SFT on the conversations' openings, where a model from random
     weights learns to copy ids many times sooner than from whole ones (:func:`muarl.synth.prefix_record`)."""
     from muarl.synth import write_prefixes
-    from muarl.train.sft import SFTConfig, train_sft
+    from muarl.train.sft import train_sft
 
     folder = out / "sft-prefix"
     if not config.prefix_calls:
@@ -158,44 +193,32 @@ def opening_supervised(out: Path, config: DemoConfig, model: Path, data: Path, s
         folder.mkdir(exist_ok=True)
         openings = folder / "openings.jsonl"
         write_prefixes(data, openings, config.prefix_calls)
-        train_sft(SFTConfig(model=str(model), data=[str(openings)], out=str(folder), epochs=config.prefix_epochs,
-                            lr=config.sft_lr, batch_size=config.prefix_batch, warmup_steps=2, max_len=0,
-                            packing=False, seed=seed, save_every=100, fresh_ids=config.fresh_ids,
-                            report_to="tensorboard"),
-                  progress=progress)
+        train_sft(replace(config.sft, model=str(model), data=[str(openings)], out=str(folder), seed=seed,
+                          epochs=config.prefix_epochs, batch_size=config.prefix_batch), progress=progress)
         _mark(folder)
     return folder / "model"
 
 
 def supervised(out: Path, config: DemoConfig, model: Path, data: Path, seed: int, progress: bool) -> Path:
     """Stage 3: SFT on the synthesized conversations."""
-    from muarl.train.sft import SFTConfig, train_sft
+    from muarl.train.sft import train_sft
 
     folder = out / "sft"
     if not _done(folder):
-        train_sft(SFTConfig(model=str(model), data=[str(data)], out=str(folder), epochs=config.sft_epochs,
-                            lr=config.sft_lr, batch_size=config.sft_batch, warmup_steps=2, max_len=0,
-                            packing=False, seed=seed, save_every=100, fresh_ids=config.fresh_ids,
-                            report_to="tensorboard"), progress=progress)
+        train_sft(replace(config.sft, model=str(model), data=[str(data)], out=str(folder), seed=seed),
+                  progress=progress)
         _mark(folder)
     return folder / "model"
 
 
 def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: bool) -> Path:
     """Stage 5: GRPO from the SFT model, the scripted user in every rollout."""
-    from muarl.train.grpo import GRPOConfig, train_grpo
+    from muarl.train.grpo import train_grpo
 
     folder = out / "grpo"
     if not _done(folder):
-        train_grpo(GRPOConfig(model=str(model), domain=config.domain, out=str(folder), steps=config.grpo_steps,
-                              tasks_per_step=config.tasks_per_step, group_size=config.group_size, lr=config.grpo_lr,
-                              kl_beta=config.kl_beta, temperature=config.temperature,
-                              max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
-                              penalize_violations=config.penalize_violations,
-                              violation_reward=config.violation_reward, seed=seed, save_every=2,
-                              num_iterations=config.num_iterations, dynamic_sampling=config.dynamic_sampling,
-                              mask_truncated=config.mask_truncated,
-                              report_to="tensorboard"), progress=progress)
+        train_grpo(replace(config.grpo, model=str(model), domain=config.domain, out=str(folder), seed=seed),
+                   progress=progress)
         _mark(folder)
     return folder / "model"
 
@@ -212,10 +235,10 @@ def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: 
     from muarl.users.scripted import ScriptedUser
 
     domain = get_domain(config.domain)
-    temperature = config.temperature if temperature is None else temperature
-    policy = HFPolicy(load(model), temperature=temperature, max_new_tokens=config.max_new_tokens, seed=seed)
+    temperature = config.grpo.temperature if temperature is None else temperature
+    policy = HFPolicy(load(model), temperature=temperature, max_new_tokens=config.grpo.max_new_tokens, seed=seed)
     result = evaluate(domain, policy, ScriptedUser(), domain.tasks("test")[:config.eval_tasks], k=config.eval_k,
-                      out_dir=out / name, config=EpisodeConfig(max_turns=config.max_turns), seed=seed,
+                      out_dir=out / name, config=EpisodeConfig(max_turns=config.grpo.max_turns), seed=seed,
                       progress=progress, meta={"model": str(model), "temperature": temperature})
     return result.metrics
 
@@ -391,25 +414,24 @@ STAGES = ("model", "synth", "sft-prefix", "sft", "eval-sft", "eval-sft-greedy", 
 
 def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int = 0, progress: bool = True,
              stop_after: str | None = None, **overrides: Any) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the summary written to ``out/summary.json``. ``stop_after``
-    ends the run after that stage (say ``eval-sft``, to measure an SFT recipe without the GRPO stage);
-    rerunning without it continues from there."""
+    """Run (or resume) every stage; returns the summary written to ``out/summary.json``. ``overrides``
+    change the preset's knobs (:meth:`DemoConfig.with_overrides`: ``greedy=False``, ``grpo={"lr": 1e-4}``).
+    ``stop_after`` ends the run after that stage (say ``eval-sft``, to measure an SFT recipe without the
+    GRPO stage); rerunning without it continues from there."""
     if stop_after is not None and stop_after not in STAGES:
         raise ValueError(f"unknown stage {stop_after!r}; choose from {', '.join(STAGES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r}; choose from {', '.join(PRESETS)}")
-    config = replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    config = PRESETS[preset].with_overrides(**overrides)
     if config.base not in BASES:
         raise ValueError(f"unknown demo base {config.base!r}; choose from {', '.join(BASES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     recorded = out / "demo.json"
-    settings = {"preset": preset, "seed": seed, **asdict(config)}
-    settings["synth_families"] = list(config.synth_families)
+    settings = {"preset": preset, "seed": seed, **config.settings()}
     if recorded.exists():
         # a knob added after the run was recorded had its default value then (the greedy evaluations, say)
-        defaults = {**asdict(DemoConfig()), "synth_families": []}
-        then = {**defaults, **json.loads(recorded.read_text())}
+        then = {**DemoConfig().settings(), **json.loads(recorded.read_text())}
         differ = sorted(key for key in settings if then.get(key) != settings[key])
         if differ:
             raise ValueError(f"{out} holds a demo run with other settings ({', '.join(differ)}); use another --out")
@@ -471,57 +493,8 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
         build_report(out / "grpo", out / "report.html")
     except Exception as err:  # the report is a convenience: never lose a finished demo over it
         console.print(f"[yellow]report not written: {err}")
-    console.print(table(before, after, config.eval_k, comparison, greedy, config.temperature))
+    console.print(table(before, after, config.eval_k, comparison, greedy, config.grpo.temperature))
     console.print(f"total {summary['total_seconds']:.0f} s; run directory {out} (plots/, report.html, summary.json, "
                   f"{changed.name}: held-out conversations RL changed)")
     return summary
 
-
-def add_commands(sub: Any) -> None:
-    """Add ``demo`` to the ``muarl`` parser."""
-    p = sub.add_parser("demo", help="the whole pipeline on the CPU: tiny model, synth, SFT, GRPO, held-out eval",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                   help="default (about 15 minutes on 2 cores), smoke (every stage in under 2 minutes) or "
-                        "smoke-scratch (the from-random-weights stages, briefly)")
-    p.add_argument("--base", choices=BASES, help="shipped: start from the packaged cold-start base (default); "
-                                                 "scratch: random weights, synth and SFT first")
-    p.add_argument("--out", default="runs/demo", help="run directory (rerun the same command to resume)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the model init, data order, sampling and users")
-    p.add_argument("--domain", help="the domain GRPO trains on and evaluation tests (default retail-lite-forgetful)")
-    p.add_argument("--grpo-steps", type=int, help="override the preset's GRPO steps")
-    p.add_argument("--grpo-lr", type=float, help="override the preset's GRPO learning rate")
-    p.add_argument("--num-iterations", type=int, help="optimizer steps per batch of rollouts (GRPO's mu)")
-    p.add_argument("--kl-beta", type=float, help="weight of the KL term to the cold start (0: off)")
-    p.add_argument("--violation-reward", type=float,
-                   help="training reward of an episode that broke a policy rule (default 0, as a plain failure; "
-                        "below 0 lowered violations but also the success gain)")
-    p.add_argument("--mask-truncated", action=argparse.BooleanOptionalAction, default=None,
-                   help="leave episodes cut at the per-turn token limit out of the gradient (DAPO's overlong filtering)")
-    p.add_argument("--eval-tasks", type=int, help="override how many test tasks are evaluated")
-    p.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
-                   help="also evaluate greedily (T = 0) before and after RL, same tasks and users (default on; "
-                        "two more evaluations)")
-    recipe = p.add_argument_group("with --base scratch: the model and SFT recipe (docs/research/; default: the "
-                                  "preset's)")
-    recipe.add_argument("--head-dim", type=int, help="attention head width (0: hidden size / heads)")
-    recipe.add_argument("--kv-heads", type=int, help="key/value heads (0: heads / 2)")
-    recipe.add_argument("--prompt", choices=["full", "compact"], help="the chat template's system turn")
-    recipe.add_argument("--prefix-calls", type=int,
-                        help="first train on openings cut after the agent's Nth tool call (0: skip that stage)")
-    recipe.add_argument("--prefix-epochs", type=int, help="epochs of the openings stage")
-    recipe.add_argument("--fresh-ids", action="store_true", default=None, help="rename ids afresh every SFT step")
-    recipe.add_argument("--sft-epochs", type=int, help="epochs of whole-conversation SFT")
-    recipe.add_argument("--sft-batch", type=int, help="conversations per SFT step")
-    p.add_argument("--stop-after", choices=STAGES, help="end after this stage (rerun without it to go on)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-    def run(args: Any) -> int:
-        knobs = ("base", "domain", "grpo_steps", "grpo_lr", "num_iterations", "kl_beta", "violation_reward",
-                 "mask_truncated", "eval_tasks", "greedy", "head_dim", "kv_heads", "prompt", "prefix_calls", "prefix_epochs",
-                 "fresh_ids", "sft_epochs", "sft_batch")
-        run_demo(args.out, args.preset, args.seed, progress=not args.quiet, stop_after=args.stop_after,
-                 **{k: getattr(args, k) for k in knobs})
-        return 0
-
-    p.set_defaults(func=run)

@@ -1,12 +1,35 @@
-"""``muarl serve-mcp`` (a domain as an MCP server) and ``muarl mcp-tools`` (what a server offers)."""
+"""``muarl serve-mcp``: a domain as an MCP server (stdio or streamable HTTP), one private database per
+session."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
-from typing import Any
+
+from muarl.cli import options
+
+NAME = "serve-mcp"
+HELP = "serve a domain as an MCP server (stdio or streamable HTTP), one private database per session"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("domain", help="a domain name (retail, airline, telecom) or module:attribute")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                   help="stdio (default: one client, the process that started the server) or streamable HTTP")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="HTTP: interface to listen on; beyond loopback a bearer token is required")
+    p.add_argument("--port", type=int, default=8000, help="HTTP: port; the endpoint is http://HOST:PORT/mcp")
+    p.add_argument("--max-sessions", type=int, default=4096,
+                   help="HTTP: private databases kept at once (least recently used ones go first)")
+    options.seed(p, help="serve the domain over a database generated from this seed", default=None)
+    p.add_argument("--size", type=int, help="... with this many users")
+    p.add_argument("--control-token-file", metavar="FILE",
+                   help="the secret a controller presents (_meta muarl/control) for the muarl_* control tools "
+                        "(default: $MUARL_MCP_CONTROL_TOKEN; neither: no control tools)")
+    p.add_argument("--auth-token-file", metavar="FILE",
+                   help="HTTP: every request must send this as 'Authorization: Bearer TOKEN' "
+                        "(default: $MUARL_MCP_AUTH_TOKEN); required with a --host beyond loopback")
 
 
 def _token(env_var: str, path: str | None, option: str) -> str | None:
@@ -22,7 +45,7 @@ def _token(env_var: str, path: str | None, option: str) -> str | None:
     return token
 
 
-def _serve_cmd(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from muarl.domain import get_domain
     from muarl.mcp.client import AUTH_ENV, CONTROL_ENV
     from muarl.mcp.server import check_exposure, serve_http, serve_stdio
@@ -40,58 +63,3 @@ def _serve_cmd(args: argparse.Namespace) -> int:
         serve_http(domain, host=args.host, port=args.port, max_sessions=args.max_sessions, control_token=control,
                    auth_token=auth)
     return 0
-
-
-def _tools_cmd(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from muarl.mcp.client import RemoteSession, ServerSpec
-
-    session = RemoteSession(ServerSpec.parse(args.server), timeout=args.timeout, connect_timeout=args.timeout)
-    try:
-        tools = session.list_tools()
-    except ConnectionError as err:
-        raise ValueError(f"cannot reach MCP server {args.server}: {err}") from None
-    finally:
-        session.close()
-    if args.json:
-        print(json.dumps([{"name": t.name, "description": t.description, "input_schema": t.input_schema,
-                           "read_only": t.read_only} for t in tools], indent=1))
-        return 0
-    table = Table(title=f"tools of {args.server}")
-    for col in ("tool", "read only", "arguments", "description"):
-        table.add_column(col)
-    for t in tools:
-        table.add_row(t.name, {True: "yes", False: "no", None: "?"}[t.read_only],
-                      ", ".join(t.input_schema.get("properties", {})), t.description[:80])
-    Console().print(table)
-    return 0
-
-
-def add_commands(sub: Any) -> None:
-    """Add ``serve-mcp`` and ``mcp-tools`` to the ``muarl`` subcommands."""
-    p = sub.add_parser("serve-mcp", help="serve a domain as an MCP server (stdio or streamable HTTP), "
-                                         "one private database per session")
-    p.add_argument("domain", help="a domain name (retail, airline, telecom) or module:attribute")
-    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
-                   help="stdio (default: one client, the process that started the server) or streamable HTTP")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="HTTP: interface to listen on; beyond loopback a bearer token is required")
-    p.add_argument("--port", type=int, default=8000, help="HTTP: port; the endpoint is http://HOST:PORT/mcp")
-    p.add_argument("--max-sessions", type=int, default=4096,
-                   help="HTTP: private databases kept at once (least recently used ones go first)")
-    p.add_argument("--seed", type=int, help="serve the domain over a database generated from this seed")
-    p.add_argument("--size", type=int, help="... with this many users")
-    p.add_argument("--control-token-file", metavar="FILE",
-                   help="the secret a controller presents (_meta muarl/control) for the muarl_* control tools "
-                        "(default: $MUARL_MCP_CONTROL_TOKEN; neither: no control tools)")
-    p.add_argument("--auth-token-file", metavar="FILE",
-                   help="HTTP: every request must send this as 'Authorization: Bearer TOKEN' "
-                        "(default: $MUARL_MCP_AUTH_TOKEN); required with a --host beyond loopback")
-    p.set_defaults(func=_serve_cmd)
-    p = sub.add_parser("mcp-tools", help="list the tools an MCP server offers (a command line or an http URL)")
-    p.add_argument("server", help="e.g. 'mcp-server-time --local-timezone UTC' or http://127.0.0.1:8000/mcp")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_tools_cmd)

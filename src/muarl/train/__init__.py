@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -13,21 +13,35 @@ class RunSettings:
     """The settings every training run shares (SFT and GRPO configs extend it): seeding, precision, LoRA,
     checkpoints, trackers and device."""
 
-    seed: int = 0
-    bf16: bool | None = None  # autocast forwards to bfloat16; None: where CUDA supports it
-    lora_r: int = 0  # LoRA rank through peft; 0 = full fine-tuning. The reference is the adapter switched off
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"  # or comma-separated module names, e.g. "q_proj,v_proj"
-    merge_lora: bool = True  # also write the adapter merged into the base as out/model
-    keep_checkpoints: int = 2  # newest checkpoints kept (0: all)
-    resume: bool | None = None  # None: continue from out's newest checkpoint if any; False: start over
-    report_to: str = "tensorboard"  # comma-separated: tensorboard, wandb, mlflow, or none
-    device: str | None = None  # None: this process's GPU when there is one, else the CPU
-    # shard parameters, gradients and optimizer state over the ranks (torch FSDP2, muarl.train.sharding)
-    fsdp: bool = False
-    fsdp_offload: bool = False  # with fsdp on a GPU: shards and optimizer state in CPU memory
-    optimizer: str = "adamw"  # or "sgd" (plain gradient steps, no momentum: what cross-rank equality tests use)
+    seed: int = field(default=0, metadata={"help": "seeds the model init, data order, sampling and users"})
+    bf16: bool | None = field(default=None, metadata={
+        "help": "bfloat16 autocast for training forwards (default: on where CUDA supports it)"})
+    lora_r: int = field(default=0, metadata={
+        "help": "LoRA rank (peft); 0: full fine-tuning. The KL reference is the adapter switched off"})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_targets: str = field(default="all-linear", metadata={
+        "help": "modules to adapt: all-linear or comma-separated names like q_proj,v_proj"})
+    merge_lora: bool = field(default=True, metadata={
+        "help": "with LoRA, also write the adapter merged into the base as OUT/model (--no-merge-lora: only "
+                "OUT/adapter)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "newest checkpoints kept (0: all)"})
+    resume: bool | None = field(default=None, metadata={
+        "help": "--resume: continue from OUT's newest checkpoint, an error if there is none; --no-resume: start "
+                "over, deleting OUT's checkpoints (default: continue when there is one, else start fresh)"})
+    report_to: str = field(default="tensorboard", metadata={
+        "help": "comma-separated trackers: tensorboard, wandb, mlflow, or none; metrics.jsonl is always written",
+        "metavar": "LIST"})
+    device: str | None = field(default=None, metadata={
+        "help": "cpu, cuda, cuda:1 ... (default: this process's GPU if any, else the CPU)"})
+    fsdp: bool = field(default=False, metadata={
+        "help": "shard parameters, gradients and optimizer state over the processes (torch FSDP2, "
+                "muarl.train.sharding; launch with torchrun or accelerate launch; docs/gpu.md)"})
+    fsdp_offload: bool = field(default=False, metadata={
+        "help": "with --fsdp on GPUs: keep the shards and the optimizer state in CPU memory"})
+    optimizer: str = field(default="adamw", metadata={
+        "help": "adamw, or sgd (plain gradient steps, no momentum: what cross-rank equality tests use)",
+        "choices": ["adamw", "sgd"]})
 
     def check_sharding(self) -> None:
         """Refuse sharding options that cannot apply, naming the option."""

@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,63 +83,114 @@ from muarl.types import Task, Trajectory
 class GRPOConfig(RunSettings):
     """GRPO settings; the defaults are the paper's released script (see :data:`PRESETS`)."""
 
-    model: str = "tiny"
-    domain: str = "retail"
-    split: str = "train"
-    user: str = "scripted"
-    out: str = "runs/grpo"
-    steps: int = 25
-    tasks_per_step: int = 32
-    group_size: int = 8
-    algorithm: str = "grpo"
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    kl_beta: float = 0.001
-    temperature: float = 1.0
-    max_new_tokens: int = 1024
-    max_turns: int = 30
-    dynamic_sampling: bool = False  # DAPO: drop all-equal groups from the update and play more tasks instead
-    max_rollout_batches: int = 4  # with dynamic_sampling: batches of tasks_per_step tasks played per step, at most
-    mask_sim_faults: bool = True  # masks every faulted episode (muarl.faults: user, policy, tool, timeouts)
+    model: str = field(default="tiny", metadata={
+        "help": "the starting checkpoint (normally the SFT output; a directory, Hub id, tiny or smollm2); also "
+                "the KL reference"})
+    domain: str = field(default="retail", metadata={"help": "domain name (see `muarl domains`) or module:attr"})
+    split: str = field(default="train", metadata={"help": "task split to train on"})
+    user: str = field(default="scripted", metadata={"help": "scripted | llm:URL#MODEL | module:attr"})
+    out: str = field(default="runs/grpo", metadata={"help": "run directory: model/, metrics.jsonl, config.json"})
+    steps: int = field(default=25, metadata={"help": "optimizer steps (each plays a batch of rollouts)"})
+    tasks_per_step: int = field(default=32, metadata={"help": "training tasks played per step"})
+    group_size: int = field(default=8, metadata={
+        "help": "episodes per task, one user seed per group: the group whose rewards give the advantages"})
+    algorithm: str = field(default="grpo", metadata={
+        "help": "grpo, or dr_grpo (Dr.GRPO: advantages not divided by the group's std, each sequence's loss "
+                "over a constant length)",
+        "choices": ["grpo", "dr_grpo"]})
+    lr: float = field(default=1e-6, metadata={"help": "learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "the optimizer's weight decay"})
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+    clip_low: float = field(default=0.2, metadata={"help": "PPO clip below: the ratio's floor is 1 - this"})
+    clip_high: float = field(default=0.2, metadata={
+        "help": "PPO clip above: the ratio's ceiling is 1 + this (DAPO's clip-higher raises it)"})
+    kl_beta: float = field(default=0.001, metadata={
+        "help": "weight of the k3 KL term against the reference (0: off, and no reference pass)"})
+    temperature: float = field(default=1.0, metadata={
+        "help": "sampling temperature (also scales the trained log-probs)"})
+    max_new_tokens: int = field(default=1024, metadata={"help": "sampled tokens per assistant turn"})
+    max_turns: int = field(default=30, metadata={"help": "tool executions + user replies per episode"})
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO: leave all-equal groups out of the update and play more tasks instead (see "
+                "--max-rollout-batches)"})
+    max_rollout_batches: int = field(default=4, metadata={
+        "help": "with --dynamic-sampling: play up to this many batches of --tasks-per-step tasks per step to "
+                "fill the update with groups that have a learning signal"})
+    mask_sim_faults: bool = field(default=True, metadata={
+        "help": "leave every faulted episode (user, policy, tool, timeouts: muarl.faults) out of the gradient"})
     # time limits of one user turn, agent turn, tool call (seconds; None: none): a hit is a masked fault
-    user_timeout: float | None = USER_TIMEOUT_S
-    agent_timeout: float | None = AGENT_TIMEOUT_S
-    tool_timeout: float | None = TOOL_TIMEOUT_S
-    user_http_timeout: float | None = None  # an llm: user's per-request HTTP timeout (None: LLMUser's default)
-    user_max_tokens: int | None = None  # an llm: user's cap on one message's tokens (None: the server's limit)
-    penalize_violations: bool = False  # train on violation_reward for an episode that broke a policy rule (paper: DB only)
+    user_timeout: float | None = field(default=USER_TIMEOUT_S, metadata={
+        "help": "time limit of one user turn (device actions included); past it the episode is a fault (0: no "
+                "limit)", "metavar": "SECONDS"})
+    agent_timeout: float | None = field(default=AGENT_TIMEOUT_S, metadata={
+        "help": "time limit of one agent turn; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+    tool_timeout: float | None = field(default=TOOL_TIMEOUT_S, metadata={
+        "help": "time limit of one tool call; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+    user_http_timeout: float | None = field(default=None, metadata={
+        "help": "llm: users: seconds one HTTP request to the user's endpoint may take before it is retried "
+                "(default: the LLM user's, 60)", "metavar": "SECONDS"})
+    user_max_tokens: int | None = field(default=None, metadata={
+        "help": "llm: users: the most tokens one user message may take (default: the server's limit)",
+        "metavar": "N"})
+    penalize_violations: bool = field(default=False, metadata={
+        "help": "train on --violation-reward for an episode that broke a policy rule, even if its database is "
+                "right (the paper's reward is the database alone; the CPU demo penalizes)"})
     # the training reward of a rule-breaking episode when penalized: 0 only equals it with a plain failure, so
-    # a group of failures gives no signal against the rule; below 0 it does (the demo uses -1)
-    violation_reward: float = 0.0
+    # a group of failures gives no signal against the rule; below 0 it does
+    violation_reward: float = field(default=0.0, metadata={
+        "help": "with --penalize-violations: the reward of a rule-breaking episode (below 0 it also ranks under "
+                "a plain failure, so all-failed groups still teach the rule)"})
     # DAPO's overlong filtering: episodes cut at the per-turn token limit stay out of the gradient (they still
     # count, as failures, in their group's advantages), so their run-on tokens cannot dominate the token-mean
-    mask_truncated: bool = False
-    # recompute activations in backward (bounded memory, a second forward's time); None: by need, see
-    # set_checkpointing (never on the CPU; on a GPU when the micro-batch's activations would not fit well)
-    gradient_checkpointing: bool | None = None
-    shared_prefix: bool = True  # compute the batch's shared opening (system turn) once per update
-    skip_zero_advantage: bool = True  # no forward/backward for zero-advantage sequences without a KL term
-    zero_advantage_kl: float = 0.0  # ... nor for those whose kl_beta * mean KL is at most this (0: exact only)
-    micro_batch_size: int = 8  # sequences per forward/backward of the update; the gradient is the whole batch's
-    num_iterations: int = 1  # optimizer steps on each step's rollouts (GRPO's mu); above 1, clipping acts
-    # truncated importance sampling against the rollout-training mismatch (muarl.algorithms.mismatch): the
-    # ratio is taken against the trainer's pre-update log-probs and each token weighed by
-    # min(trainer / sampler probability, tis_cap); 0: off (the ratio's denominator is the sampler's)
-    tis_cap: float = 0.0
-    # "hf": muarl's transformers engine; "vllm": vLLM in this process; "vllm-server:URL#MODEL": a vLLM server
-    # (muarl.policies.vllm_server); a vLLM engine's weights are synced to the trainer's after each update
-    rollout_engine: str = "hf"
-    vllm_gpu_memory: float = 0.3  # with vllm on a GPU shared with the trainer: the share of its memory vLLM takes
-    # with vllm on a GPU: the engine sleeps through each update (vLLM's sleep mode, level 1: weights offloaded to
-    # CPU memory, KV cache freed) and wakes before the weight sync, so the update has the GPU to itself
-    vllm_sleep: bool = False
-    # with vllm-server: where the weights / adapters the server loads are written (None: a temporary directory,
-    # which serves a server on this machine; one on another machine needs a directory both can read)
-    vllm_sync_dir: str | None = None
-    save_every: int = 5  # steps between checkpoints (0: only at the end); see muarl.train.checkpoint
+    mask_truncated: bool = field(default=False, metadata={
+        "help": "leave episodes cut at the per-turn token limit out of the gradient (DAPO's overlong "
+                "filtering); they still count as failures in their group's advantages"})
+    # None: by need, see set_checkpointing (never on the CPU; on a GPU when the micro-batch's activations
+    # would not fit well)
+    gradient_checkpointing: bool | None = field(default=None, metadata={
+        "help": "recompute activations in backward (default: by need; never on the CPU)"})
+    shared_prefix: bool = field(default=True, metadata={
+        "help": "compute the batch's shared opening (the system turn) once in the reference pass and the "
+                "update; same result, less work (--no-shared-prefix: every sequence whole)"})
+    skip_zero_advantage: bool = field(default=True, metadata={
+        "help": "no forward or backward for zero-advantage sequences whose KL term is 0, which changes nothing "
+                "(--no-skip-zero-advantage: run them too)"})
+    zero_advantage_kl: float = field(default=0.0, metadata={
+        "help": "also skip zero-advantage sequences whose kl_beta * mean KL is at most this (an approximation; "
+                "0: only exact skips)"})
+    micro_batch_size: int = field(default=8, metadata={
+        "help": "sequences per forward/backward in the update (the gradient is the whole batch's)"})
+    num_iterations: int = field(default=1, metadata={
+        "help": "optimizer steps on each step's rollouts (GRPO's mu); above 1 the rollouts are reused and the "
+                "clip bounds each step"})
+    # truncated importance sampling against the rollout-training mismatch (muarl.algorithms.mismatch)
+    tis_cap: float = field(default=0.0, metadata={
+        "help": "truncated importance sampling against the rollout-training mismatch: ratio against the "
+                "trainer's pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 "
+                "is the published choice (0: off). The mismatch is logged either way (mismatch_kl, "
+                "mismatch_outside)", "metavar": "C"})
+    # a vLLM engine's weights are synced to the trainer's after each update
+    rollout_engine: str = field(default="hf", metadata={
+        "help": "what samples the rollouts: muarl's transformers engine (hf) or vLLM, whose weights follow the "
+                "trainer's after every update (LoRA: the adapter reloaded in place; full: the weights pushed "
+                "in): in this process (vllm, needs `muarl[vllm]`) or a running vLLM server "
+                "(vllm-server:URL#MODEL, MODEL its --served-model-name; no vLLM needed here); docs/vllm.md",
+        "metavar": "{hf,vllm,vllm-server:URL#MODEL}"})
+    vllm_gpu_memory: float = field(default=0.3, metadata={
+        "help": "with --rollout-engine vllm on a GPU the trainer shares: the share of its memory vLLM's weights "
+                "and KV cache take"})
+    # vLLM's sleep mode, level 1
+    vllm_sleep: bool = field(default=False, metadata={
+        "help": "with --rollout-engine vllm on a GPU: the engine sleeps through each update (weights offloaded "
+                "to CPU memory, KV cache freed) and wakes for the weight sync (vLLM's sleep mode; not on the CPU "
+                "build)"})
+    vllm_sync_dir: str | None = field(default=None, metadata={
+        "help": "with --rollout-engine vllm-server:...: the directory the synced weights or adapter are written "
+                "to for the server to load (default: a temporary one; a server on another machine needs a "
+                "shared one)", "metavar": "DIR"})
+    save_every: int = field(default=5, metadata={
+        "help": "steps between checkpoints in OUT/checkpoints/step_N (0: only at the end; "
+                "muarl.train.checkpoint)"})
 
     def __post_init__(self) -> None:
         """A config that cannot run fails here, with the option's name, not as a tensor error mid-step."""

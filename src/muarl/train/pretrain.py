@@ -46,30 +46,42 @@ STREAM_SEED = 100_000
 class PretrainConfig(RunSettings):
     """Settings of ``muarl pretrain``; the defaults built the shipped base (docs/base_model.md)."""
 
-    model: str = ""  # a checkpoint to continue from; empty: the embedded model from random weights, shaped below
-    out: str = "runs/pretrain"
-    domains: list[str] = field(default_factory=lambda: ["retail-lite"])
-    steps: int = 4000
-    batch_size: int = 8  # conversations per optimizer step
-    lr: float = 3e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    max_len: int = 0  # tokens per packed row (0: the step's longest conversation)
-    chunk_tasks: int = 200  # training tasks generated per fresh database
-    exclude_behaviours: list[str] = field(default_factory=list)  # user behaviours kept out (for RL to teach)
-    slip_rate: float = 0.0  # chance the expert mistypes a lookup / a proposal and recovers (TeacherSession.slip)
-    first_chunk: int = 0  # the stream's first database (a continuation starts past the chunks its base saw)
-    probe_every: int = 250  # steps between copy-accuracy probes (0: only at the end)
-    probe_conversations: int = 24
-    save_every: int = 100
+    model: str = field(default="", metadata={
+        "help": "continue from this checkpoint (default: the embedded model from random weights, shaped below)"})
+    out: str = field(default="runs/pretrain", metadata={
+        "help": "run directory: model/, metrics.jsonl, copy_probe.jsonl, stream/"})
+    domains: list[str] = field(default_factory=lambda: ["retail-lite"], metadata={
+        "help": "domains whose generators feed the stream"})
+    steps: int = field(default=4000, metadata={"help": "optimizer steps (the cosine schedule ends there)"})
+    batch_size: int = field(default=8, metadata={"help": "conversations per optimizer step"})
+    lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
+    warmup_steps: int = field(default=20, metadata={"help": "optimizer steps of linear warmup"})
+    weight_decay: float = field(default=0.0, metadata={"help": "the optimizer's weight decay"})
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+    max_len: int = field(default=0, metadata={"help": "tokens per packed row (0: the step's longest conversation)"})
+    chunk_tasks: int = field(default=200, metadata={"help": "training tasks per freshly generated database"})
+    exclude_behaviours: list[str] = field(default_factory=list, metadata={
+        "help": "leave out users who show these behaviours (e.g. changes_mind), for RL to teach"})
+    slip_rate: float = field(default=0.0, metadata={
+        "help": "chance that the expert mistypes its identity lookup (then asks again), and again that it "
+                "mistypes a proposal (then proposes again); the wrong message without loss "
+                "(TeacherSession.slip)"})
+    first_chunk: int = field(default=0, metadata={
+        "help": "start the stream at this database (a continuation: past the chunks its base saw)"})
+    probe_every: int = field(default=250, metadata={
+        "help": "steps between held-out copy-accuracy probes (0: only at the end)"})
+    probe_conversations: int = field(default=24, metadata={"help": "held-out conversations per probe"})
+    save_every: int = field(default=100, metadata={
+        "help": "steps between checkpoints in OUT/checkpoints/step_N (0: only at the end)"})
     # the embedded model's shape when ``model`` is empty (README, "The CPU demo": wide heads copy sooner)
-    hidden_size: int = 64
-    layers: int = 2
-    heads: int = 4
-    head_dim: int = 64
-    kv_heads: int = 1
-    prompt: str = "compact"
+    hidden_size: int = field(default=64, metadata={"help": "a new model's hidden size"})
+    layers: int = field(default=2, metadata={"help": "a new model's decoder layers"})
+    heads: int = field(default=4, metadata={"help": "a new model's attention heads"})
+    head_dim: int = field(default=64, metadata={"help": "a new model's attention head width"})
+    kv_heads: int = field(default=1, metadata={"help": "a new model's key/value heads"})
+    prompt: str = field(default="compact", metadata={
+        "help": "a new model's chat template: full (policy and tool schemas) or compact (tool names only)",
+        "choices": ["full", "compact"]})
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "chunk_tasks", "probe_conversations"):

@@ -47,21 +47,27 @@ from muarl.types import ToolSpec
 class SFTConfig(RunSettings):
     """SFT settings (plus the shared :class:`~muarl.train.RunSettings`); see :data:`PRESETS`."""
 
-    model: str = "tiny"
-    data: list[str] = field(default_factory=list)
-    out: str = "runs/sft"
-    epochs: int = 2
-    lr: float = 5e-6
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    batch_size: int = 128  # conversations per optimizer step
-    max_len: int = 16384  # tokens per packed row
-    grad_clip: float = 1.0
-    packing: bool = True
+    model: str = field(default="tiny", metadata={
+        "help": "the starting checkpoint: a directory, a Hub id, tiny, tiny-random or smollm2"})
+    data: list[str] = field(default_factory=list, metadata={
+        "help": "sft.jsonl file(s) written by `muarl synth` (chat format)", "metavar": "FILE"})
+    out: str = field(default="runs/sft", metadata={"help": "run directory: model/, metrics.jsonl, config.json"})
+    epochs: int = field(default=2, metadata={"help": "passes over the data set"})
+    lr: float = field(default=5e-6, metadata={"help": "peak learning rate (cosine decay after the warmup)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "the optimizer's weight decay"})
+    warmup_steps: int = field(default=0, metadata={"help": "optimizer steps of linear warmup"})
+    batch_size: int = field(default=128, metadata={"help": "conversations per optimizer step"})
+    max_len: int = field(default=16384, metadata={"help": "tokens per packed row (raised to the step's longest conversation)"})
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+    packing: bool = field(default=True, metadata={
+        "help": "pack several conversations into each row (--no-packing: one conversation a row)"})
     # rename identifier digit runs afresh in every conversation at every step (muarl.train.fresh_ids):
     # for models trained from scratch, which otherwise memorize the data set's ids instead of copying
-    fresh_ids: bool = False
-    save_every: int = 20  # optimizer steps between checkpoints (0: only at the end)
+    fresh_ids: bool = field(default=False, metadata={
+        "help": "rename identifiers (digit runs of 4+) afresh in every conversation at every step, so a model "
+                "trained from scratch cannot memorize them (muarl.train.fresh_ids)"})
+    save_every: int = field(default=20, metadata={
+        "help": "optimizer steps between checkpoints in OUT/checkpoints/step_N (0: only at the end)"})
 
     def __post_init__(self) -> None:
         self.check_sharding()
