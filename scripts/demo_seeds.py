@@ -2,10 +2,13 @@
 with a 95% interval from a cluster bootstrap over tasks.
 
     python scripts/demo_seeds.py runs/demo-s0 runs/demo-s1 runs/demo-s2
+    python scripts/demo_seeds.py --split dev runs/demo-s0 runs/demo-s1 runs/demo-s2
 
-Prints a markdown table (the README's demo table) and the pooled intervals. The seeds evaluate the same
-test tasks, so a task's differences under the three seeds are not independent (an easy task is easy under
-every seed): the interval resamples tasks and keeps each task's seeds together
+``--split`` picks which held-out split's evaluations to pool (``muarl demo --eval-split``: test's are in
+the run directory, dev's in its ``dev/``), so the dev figures a recipe was chosen on and the test figures
+it is reported with come from the same runs and never mix. Prints a markdown table (the README's demo
+table) and the pooled intervals. The seeds evaluate the same held-out tasks, so a task's differences
+under the three seeds are not independent (an easy task is easy under every seed): the interval resamples tasks and keeps each task's seeds together
 (:func:`muarl.compare.compare_pairs`, as ``muarl compare A0 B0 A1 B1 ...`` does), rather than treating
 3 seeds x 50 tasks as 150 independent pairs, which made it too narrow. Metrics are recomputed from each
 evaluation's trajectories, so runs made by an older muarl are scored by today's rules (a policy fault
@@ -51,13 +54,17 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="demo run directories (each with eval-sft/ and eval-rl/)")
     parser.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    parser.add_argument("--split", choices=["test", "dev"], default="test",
+                        help="the evaluated split to pool (muarl demo --eval-split; dev's are in RUN/dev/)")
     args = parser.parse_args()
+    print(f"held-out split: {args.split}")
     sampled: list[tuple[EvalResult, EvalResult]] = []
     greedy: list[tuple[EvalResult, EvalResult]] = []
     print("| seed | cold start pass^1 | after RL pass^1 | change | fault rate policy/user/tool, before -> after | "
           "greedy (T = 0) pass^1, before -> after | violation rate | minutes |")
     print("|---|---|---|---|---|---|---|---|")
-    for run in map(Path, args.runs):
+    for directory in map(Path, args.runs):
+        run = directory if args.split == "test" else directory / args.split
         before, after = (load_run(run / name, recompute=True) for name in ("eval-sft", "eval-rl"))
         sampled.append((before, after))
         shown_greedy = "-"
@@ -66,6 +73,8 @@ def main() -> None:
             greedy.append((g_before, g_after))
             shown_greedy = f"{g_before.metrics['pass^1']:.3f} -> {g_after.metrics['pass^1']:.3f}"
         summary = json.loads((run / "summary.json").read_text())
+        if summary.get("split", "test") != args.split:  # runs made before the split: test's, in the directory
+            raise SystemExit(f"{run} holds the {summary['split']} split's evaluations, not {args.split}'s")
         a, b = before.metrics["pass^1"], after.metrics["pass^1"]
         print(f"| {summary['seed']} | {a:.3f} | {b:.3f} | {b - a:+.3f} | {_faults(before)} -> {_faults(after)} | "
               f"{shown_greedy} | {before.metrics['violation_rate']:.3f} -> {after.metrics['violation_rate']:.3f} | "

@@ -7,12 +7,18 @@ Top to bottom, each stage in its own folder of the run directory:
    With ``base="scratch"`` the older recipe instead: the embedded model from random weights, then
    ``synth/`` (the expert teacher against the scripted user; clean wins), ``sft-prefix/`` (optional, SFT
    on the conversations' openings) and ``sft/`` (SFT on whole conversations).
-2. ``eval-sft/``: the cold start on held-out test tasks, ``k`` sampled trials each (T = 1);
-   ``eval-sft-greedy/``: the same tasks and users, greedy (T = 0).
-3. ``grpo/``: GRPO from it with the scripted user in every rollout.
-4. ``eval-rl/``, ``eval-rl-greedy/``: the RL model on the same test tasks, same users, same trials.
+2. ``eval-sft/``: the cold start on held-out tasks of the evaluation split (``eval_split``), ``k``
+   sampled trials each (T = 1); ``eval-sft-greedy/``: the same tasks and users, greedy (T = 0).
+3. ``grpo/``: GRPO from it with the scripted user in every rollout (on the train split).
+4. ``eval-rl/``, ``eval-rl-greedy/``: the RL model on the same held-out tasks, same users, same trials.
 5. ``summary.json``, ``comparison.json`` and ``comparison-greedy.json`` (paired bootstrap intervals, as
    ``muarl compare``), ``changed.md`` (held-out conversations that changed), ``plots/`` and ``report.html``.
+
+The evaluation split is the protocol's lever: a recipe is chosen on ``dev`` and the ``test`` split is
+scored once per reported figure. Both splits' evaluations share one run directory and so one trained
+model: the test split's stages 2, 4 and 5 write to the directory itself (as before the split existed), the
+dev split's to ``dev/`` inside it, and a rerun with the other ``eval_split`` only evaluates (the model,
+SFT and GRPO stages are found done). Training never sees either split.
 
 The domain is ``retail-lite-forgetful``: retail narrowed to cancelling and returning, with terse tools
 (short enough conversations to learn on two cores), played by users of whom only a quarter remember
@@ -54,6 +60,11 @@ GRPO = GRPOConfig(steps=45, tasks_per_step=8, group_size=8, lr=2e-4, kl_beta=0.0
 STAGE_FIELDS = ("model", "data", "out", "seed", "domain")
 #: where the cold start comes from: the packaged base, or random weights trained by synth and SFT
 BASES = ("shipped", "scratch")
+#: DemoConfig fields that choose which evaluations run, not what is trained: a run directory holds one
+#: trained model and each split's evaluations in folders of their own, so a rerun may change them
+EVAL_ONLY = ("eval_split",)
+#: the stages every split's demo shares (each split's evaluations are its own)
+SHARED_STAGES = ("model", "synth", "sft-prefix", "sft", "grpo")
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,10 @@ class DemoConfig:
         "help": "the SFT stages' settings (the openings stage: its epochs and batch size instead)"})
     grpo: GRPOConfig = field(default_factory=lambda: replace(GRPO), metadata={"help": "the GRPO stage's settings"})
     # evaluation
-    eval_tasks: int = field(default=50, metadata={"help": "test tasks evaluated (the first N)"})
+    eval_split: str = field(default="test", metadata={
+        "help": "the held-out split evaluated: dev to choose a recipe, test to score the chosen one (dev's "
+                "evaluations go to OUT/dev/; the trained model is shared)", "choices": ["dev", "test"]})
+    eval_tasks: int = field(default=50, metadata={"help": "held-out tasks evaluated (the first N of the split)"})
     eval_k: int = field(default=4, metadata={"help": "trials per evaluated task"})
     # also evaluate greedily (T = 0), before and after RL, on the same tasks and users: two more evaluations
     greedy: bool = field(default=True, metadata={
@@ -223,10 +237,29 @@ def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: b
     return folder / "model"
 
 
+def split_dir(out: Path, split: str) -> Path:
+    """Where a split's evaluations, comparisons, ``summary.json`` and plots go: the run directory for the
+    test split (the layout of runs made before the split was a setting), ``dev/`` inside it for dev."""
+    return out if split == "test" else out / split
+
+
+def held_out_tasks(config: DemoConfig) -> list[Any]:
+    """The first ``eval_tasks`` tasks of ``eval_split``; fewer than asked is an error before any training,
+    not a smaller evaluation reported under the same name."""
+    from muarl.domain import get_domain
+
+    domain = get_domain(config.domain)
+    tasks = domain.tasks(config.eval_split)
+    if len(tasks) < config.eval_tasks:
+        raise ValueError(f"{domain.name} has {len(tasks)} {config.eval_split} tasks, fewer than the "
+                         f"{config.eval_tasks} to evaluate (--eval-tasks)")
+    return tasks[:config.eval_tasks]
+
+
 def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: int, progress: bool,
                    temperature: float | None = None) -> dict[str, Any]:
-    """Stages 4 and 6: ``k`` trials of the first ``eval_tasks`` test tasks (same users for both), sampled at
-    the training temperature unless ``temperature`` is given (0: greedy)."""
+    """Stages 4 and 6: ``k`` trials of the first ``eval_tasks`` tasks of ``eval_split`` (same users for
+    both), sampled at the training temperature unless ``temperature`` is given (0: greedy)."""
     from muarl.domain import get_domain
     from muarl.evaluate import evaluate
     from muarl.models import load
@@ -237,9 +270,10 @@ def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: 
     domain = get_domain(config.domain)
     temperature = config.grpo.temperature if temperature is None else temperature
     policy = HFPolicy(load(model), temperature=temperature, max_new_tokens=config.grpo.max_new_tokens, seed=seed)
-    result = evaluate(domain, policy, ScriptedUser(), domain.tasks("test")[:config.eval_tasks], k=config.eval_k,
+    result = evaluate(domain, policy, ScriptedUser(), held_out_tasks(config), k=config.eval_k,
                       out_dir=out / name, config=EpisodeConfig(max_turns=config.grpo.max_turns), seed=seed,
-                      progress=progress, meta={"model": str(model), "temperature": temperature})
+                      progress=progress, meta={"model": str(model), "temperature": temperature,
+                                               "split": config.eval_split})
     return result.metrics
 
 
@@ -321,11 +355,11 @@ def _value(metrics: dict[str, Any], key: str | None, k: int) -> float:
 
 def table(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
           greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None,
-          temperature: float = 1.0) -> Table:
+          temperature: float = 1.0, split: str = "test") -> Table:
     """Cold start vs after RL, metric by metric, with the paired 95% interval of the change where known;
     ``greedy`` (before, after, comparison at T = 0) adds the greedy success and faults right below the
     sampled ones, so the two read side by side."""
-    title = "held-out test tasks: cold start vs after GRPO"
+    title = f"held-out {split} tasks: cold start vs after GRPO"
     t = Table(title=title + (f" (T = {temperature:g} unless marked T = 0)" if greedy else ""))
     for col in ("metric", "cold start", "after RL", "change", "95% interval"):
         t.add_column(col, justify="left" if col == "metric" else "right")
@@ -350,14 +384,16 @@ def table(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dic
     return t
 
 
-def plot(out: Path) -> list[Path]:
-    """``plots/``: SFT loss, GRPO reward and violation rate per step, SFT vs RL on the test tasks."""
+def plot(out: Path, where: Path | None = None) -> list[Path]:
+    """``plots/`` in ``where`` (a split's folder; default ``out``): SFT loss, GRPO reward and violation rate
+    per step, SFT vs RL on the split's held-out tasks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder = out / "plots"
+    where = out if where is None else where
+    folder = where / "plots"
     folder.mkdir(exist_ok=True)
     written = []
 
@@ -393,14 +429,14 @@ def plot(out: Path) -> list[Path]:
     written.append(folder / "grpo_dynamics.png")
     plt.close(fig)
 
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((where / "summary.json").read_text())
     labels = ["pass^1", f"pass^{summary['k']}", "violation_rate"]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     xs = range(len(labels))
     ax.bar([x - 0.2 for x in xs], [summary["sft"].get(k) or 0 for k in labels], width=0.4, label="SFT only")
     ax.bar([x + 0.2 for x in xs], [summary["rl"].get(k) or 0 for k in labels], width=0.4, label="after RL")
     ax.set_xticks(list(xs), labels)
-    ax.set(title="held-out test tasks", ylim=(0, 1))
+    ax.set(title=f"held-out {summary.get('split', 'test')} tasks", ylim=(0, 1))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(folder / "eval.png", dpi=110)
@@ -414,10 +450,10 @@ STAGES = ("model", "synth", "sft-prefix", "sft", "eval-sft", "eval-sft-greedy", 
 
 def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int = 0, progress: bool = True,
              stop_after: str | None = None, **overrides: Any) -> dict[str, Any]:
-    """Run (or resume) every stage; returns the summary written to ``out/summary.json``. ``overrides``
-    change the preset's knobs (:meth:`DemoConfig.with_overrides`: ``greedy=False``, ``grpo={"lr": 1e-4}``).
-    ``stop_after`` ends the run after that stage (say ``eval-sft``, to measure an SFT recipe without the
-    GRPO stage); rerunning without it continues from there."""
+    """Run (or resume) every stage; returns the summary written to the split's ``summary.json``. ``overrides``
+    change the preset's knobs (:meth:`DemoConfig.with_overrides`: ``greedy=False``, ``grpo={"lr": 1e-4}``,
+    ``eval_split="dev"``). ``stop_after`` ends the run after that stage (say ``eval-sft``, to measure an SFT
+    recipe without the GRPO stage); rerunning without it continues from there."""
     if stop_after is not None and stop_after not in STAGES:
         raise ValueError(f"unknown stage {stop_after!r}; choose from {', '.join(STAGES)}")
     if preset not in PRESETS:
@@ -425,10 +461,14 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     config = PRESETS[preset].with_overrides(**overrides)
     if config.base not in BASES:
         raise ValueError(f"unknown demo base {config.base!r}; choose from {', '.join(BASES)}")
+    held_out_tasks(config)  # too few tasks in the split: say so now, not after the training
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    where = split_dir(out, config.eval_split)
+    where.mkdir(exist_ok=True)
     recorded = out / "demo.json"
-    settings = {"preset": preset, "seed": seed, **config.settings()}
+    settings = {"preset": preset, "seed": seed,
+                **{k: v for k, v in config.settings().items() if k not in EVAL_ONLY}}
     if recorded.exists():
         # a knob added after the run was recorded had its default value then (the greedy evaluations, say)
         then = {**DemoConfig().settings(), **json.loads(recorded.read_text())}
@@ -437,17 +477,24 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
             raise ValueError(f"{out} holds a demo run with other settings ({', '.join(differ)}); use another --out")
     recorded.write_text(json.dumps(settings, indent=1) + "\n")
     console = Console()
-    clock: dict[str, float] = {}
+    # seconds of work per stage, summed over every command that ran it (an interrupted stage's parts, and the
+    # shared stages of the split evaluated first): a split's minutes are its whole demo's, whichever ran first
+    clock_file = out / "seconds.json"
+    clock: dict[str, float] = json.loads(clock_file.read_text()) if clock_file.exists() else {}
+    prefix = "" if where == out else f"{config.eval_split}/"
 
     class Stopped(Exception):
         """``stop_after`` reached."""
 
     def stage(name: str, fn: Any, *args: Any) -> Any:
-        console.rule(f"[bold]{name}")
+        key = name if name in SHARED_STAGES else prefix + name
+        console.rule(f"[bold]{key}")
         began = time.perf_counter()
         result = fn(*args)
-        clock[name] = round(time.perf_counter() - began, 1)
-        console.print(f"{name}: {clock[name]:.0f} s")
+        spent = time.perf_counter() - began
+        clock[key] = round(clock.get(key, 0.0) + spent, 1)
+        clock_file.write_text(json.dumps(clock, indent=1) + "\n")
+        console.print(f"{key}: {spent:.0f} s")
         if name == stop_after:
             raise Stopped
         return result
@@ -460,41 +507,44 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
             if config.prefix_calls or stop_after == "sft-prefix":
                 model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
             sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
-        before = stage("eval-sft", evaluate_model, out, "eval-sft", config, sft_model, seed, progress)
+        before = stage("eval-sft", evaluate_model, where, "eval-sft", config, sft_model, seed, progress)
         if config.greedy:
-            before_greedy = stage("eval-sft-greedy", evaluate_model, out, "eval-sft-greedy", config, sft_model, seed,
-                                  progress, 0.0)
+            before_greedy = stage("eval-sft-greedy", evaluate_model, where, "eval-sft-greedy", config, sft_model,
+                                  seed, progress, 0.0)
         rl_model = stage("grpo", reinforce, out, config, sft_model, seed, progress)
-        after = stage("eval-rl", evaluate_model, out, "eval-rl", config, rl_model, seed, progress)
+        after = stage("eval-rl", evaluate_model, where, "eval-rl", config, rl_model, seed, progress)
         if config.greedy:
-            after_greedy = stage("eval-rl-greedy", evaluate_model, out, "eval-rl-greedy", config, rl_model, seed,
+            after_greedy = stage("eval-rl-greedy", evaluate_model, where, "eval-rl-greedy", config, rl_model, seed,
                                  progress, 0.0)
     except Stopped:
-        console.print(f"stopped after {stop_after} ({sum(clock.values()):.0f} s); rerun without --stop-after to go on")
+        console.print(f"stopped after {stop_after}; rerun without --stop-after to go on")
         return {"preset": preset, "seed": seed, "stopped_after": stop_after, "seconds": clock}
-    summary = {"preset": preset, "seed": seed, "domain": config.domain, "k": config.eval_k,
-               "eval_tasks": config.eval_tasks, "sft": before, "rl": after, "seconds": clock,
-               "total_seconds": round(sum(clock.values()), 1)}
-    comparison = compare_evaluations(out)
+    seconds = {key: value for key, value in clock.items()
+               if key in SHARED_STAGES or (key.startswith(prefix) and "/" not in key[len(prefix):])}
+    summary = {"preset": preset, "seed": seed, "domain": config.domain, "split": config.eval_split,
+               "k": config.eval_k, "eval_tasks": config.eval_tasks,
+               "task_ids": [t.id for t in held_out_tasks(config)], "sft": before, "rl": after,
+               "seconds": seconds, "total_seconds": round(sum(seconds.values()), 1)}
+    comparison = compare_evaluations(where)
     summary["comparison"] = {m["metric"]: [m["diff"], m["low"], m["high"]] for m in comparison["metrics"]}
     greedy = None
     if config.greedy:
-        comparison_greedy = compare_evaluations(out, "-greedy")
+        comparison_greedy = compare_evaluations(where, "-greedy")
         summary.update({"sft_greedy": before_greedy, "rl_greedy": after_greedy, "comparison_greedy": {
             m["metric"]: [m["diff"], m["low"], m["high"]] for m in comparison_greedy["metrics"]}})
         greedy = (before_greedy, after_greedy, comparison_greedy)
     summary["provenance"] = provenance(config, sft_model, rl_model)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    changed = changed_conversations(out)
-    plot(out)
+    (where / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    changed = changed_conversations(where)
+    plot(out, where)
     try:
         from muarl.report.html import build_report
 
         build_report(out / "grpo", out / "report.html")
     except Exception as err:  # the report is a convenience: never lose a finished demo over it
         console.print(f"[yellow]report not written: {err}")
-    console.print(table(before, after, config.eval_k, comparison, greedy, config.grpo.temperature))
-    console.print(f"total {summary['total_seconds']:.0f} s; run directory {out} (plots/, report.html, summary.json, "
-                  f"{changed.name}: held-out conversations RL changed)")
+    console.print(table(before, after, config.eval_k, comparison, greedy, config.grpo.temperature, config.eval_split))
+    console.print(f"total {summary['total_seconds']:.0f} s ({config.eval_split} split); run directory {out} "
+                  f"(plots/, report.html, summary.json, {changed.name}: held-out conversations RL changed"
+                  + (f"; this split's in {where}" if where != out else "") + ")")
     return summary
-
