@@ -132,3 +132,33 @@ def test_stop_after_ends_the_run_there_and_recipe_flags_reach_the_config(tmp_pat
     assert (model["head_dim"], model["num_key_value_heads"]) == (32, 1)
     bad = _muarl("demo", "--preset", "smoke", "--out", str(tmp_path / "x"), "--stop-after", "nope")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_eval_split_picks_the_evaluated_tasks_and_both_splits_share_one_run(tmp_path: Path) -> None:
+    """``--eval-split dev`` evaluates dev tasks, in ``dev/``; the same directory then takes the test split
+    (the trained model is shared, so the split is not a setting the run must match) into its top level."""
+    from muarl.cli import build_parser
+    from muarl.cli.demo import demo_overrides
+    from muarl.domain import get_domain
+
+    args = build_parser().parse_args(["demo", "--eval-split", "dev", "--eval-tasks", "2", "--eval-k", "1",
+                                      "--no-greedy"])
+    overrides = demo_overrides(args)
+    assert overrides["eval_split"] == "dev"
+    out = tmp_path / "demo"
+    run_demo(out, "smoke", progress=False, stop_after="eval-sft", **overrides)
+    domain = get_domain(PRESETS["smoke"].domain)
+
+    def evaluated(folder: Path) -> list[str]:
+        lines = (folder / "trajectories.jsonl").read_text().splitlines()
+        return sorted({json.loads(line)["task_id"] for line in lines})
+
+    assert evaluated(out / "dev" / "eval-sft") == sorted(t.id for t in domain.tasks("dev")[:2])
+    assert not (out / "eval-sft").exists() and "eval_split" not in json.loads((out / "demo.json").read_text())
+    run_demo(out, "smoke", progress=False, stop_after="eval-sft", **{**overrides, "eval_split": "test"})
+    assert evaluated(out / "eval-sft") == sorted(t.id for t in domain.tasks("test")[:2])
+    seconds = json.loads((out / "seconds.json").read_text())
+    assert {"dev/eval-sft", "eval-sft"} <= set(seconds)
+    with pytest.raises(ValueError, match="fewer than"):  # before any stage runs, not after the training
+        run_demo(tmp_path / "big", "smoke", progress=False, eval_split="dev", eval_tasks=len(domain.tasks("dev")) + 1)
+    assert not (tmp_path / "big").exists()

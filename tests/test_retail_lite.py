@@ -63,3 +63,17 @@ def test_a_domain_of_ones_own_narrows_with_its_family_table() -> None:
     assert len(tasks) == 9 and {t.family for t in tasks} == {"cancel_order"}
     assert all(gold_score(cancel, t).reward.reward == 1.0 for t in tasks)
     assert {t.user_id for t in tasks} <= set(hosts)
+
+
+@pytest.mark.parametrize("name", ["retail-lite", "retail-lite-forgetful"])
+def test_dev_split_grew_without_moving_a_train_or_test_task(name: str) -> None:
+    """Dev grew from 40 to 100 tasks so the demo's recipe is chosen on dev (issue 34): the tasks earlier
+    figures were measured on must be the same tasks, and dev's first 40 the 40 it had."""
+    domain = get_domain(name)
+    before = domain.generate_tasks(counts={**domain.task_counts, "dev": 40})
+    now = domain.tasks()
+    for split in ("train", "test"):
+        assert [t.model_dump() for t in now if t.split == split] == [t.model_dump() for t in before if t.split == split]
+    dev = [t.model_dump() for t in now if t.split == "dev"]
+    assert len(dev) == domain.task_counts["dev"] > 40 and dev[:40] == [t.model_dump() for t in before if t.split == "dev"]
+    assert not {t.user_id for t in now if t.split == "dev"} & {t.user_id for t in now if t.split != "dev"}
