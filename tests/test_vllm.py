@@ -893,3 +893,214 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
     assert [r["step"] for r in metrics] == [1, 2, 3] and result["steps"] == 3
     resumed = [m for m in metrics[1:] if m["trained_sequences"]]
     assert resumed and all(m["mismatch_kl"] < 1e-6 for m in resumed), metrics
+
+
+# -- several rollout servers: --rollout-engine vllm-server:URL1#M,URL2#M (issue 29 item 4) ---------------
+class _Restartable:
+    """A vLLM server a test may kill and start again (on another port): :meth:`restart`; its log is ``log``."""
+
+    def __init__(self, log_dir):
+        self.log_dir, self.proc, self.url = log_dir, None, None
+
+    def start(self) -> _Restartable:
+        self.proc, self.url = _launch_server(self.log_dir)
+        return self
+
+    def restart(self) -> None:
+        _stop_server(self.proc)
+        self.start()
+
+    @property
+    def log(self):
+        return self.log_dir / f"server-{self.url.rsplit(':', 1)[1]}.log"
+
+
+@pytest.fixture(scope="module")
+def second_server(tmp_path_factory):
+    """A second server on the tiny model, beside the module's ``vllm_server``; stopped at teardown."""
+    server = _Restartable(tmp_path_factory.mktemp("second-server")).start()
+    try:
+        yield server
+    finally:
+        _stop_server(server.proc)
+
+
+def _by_server(out, step: int, model) -> dict[str, float]:
+    """Per server that sampled episodes of ``step``: the largest |sampler - trainer| log-prob over their
+    sampled tokens, the trainer being ``model``."""
+    from muarl.types import Trajectory
+
+    worst: dict[str, float] = {}
+    for line in (out / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines():
+        traj = Trajectory.model_validate_json(line)
+        mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        gap = float((torch.tensor(traj.logprobs) - _trainer_scores(model, traj.token_ids))[mask].abs().max())
+        worst[traj.metadata["server"]] = max(worst.get(traj.metadata["server"], 0.0), gap)
+    return worst
+
+
+def _restore(url: str) -> None:
+    """The tiny checkpoint's weights back into a server a full fine-tuning run left on its last ones."""
+    from muarl.models import load
+
+    policy = _server_policy(url)
+    try:
+        policy.sync_weights(load("tiny")[0])
+    finally:
+        policy.close()
+
+
+def test_grpo_spreads_its_groups_over_two_servers_and_syncs_both_after_every_update(vllm_server, second_server,
+                                                                                      tmp_path):
+    """Full fine-tuning against two servers: each step's 4 groups go 2 and 2 to the servers, whole, and each
+    server's episodes of step k are sampled from the weights after update k-1 (checkpoint step_{k-1}, the
+    tiny checkpoint for step 1) up to float noise, while the updates moved the policy (the control: step
+    3's episodes under the starting weights)."""
+    import json
+
+    from muarl.models import load
+    from muarl.train.grpo import preset, train_grpo
+
+    servers = {f"vllm-server:{url}/v1#tiny" for url in (vllm_server, second_server.url)}
+    out = tmp_path / "run"
+    config = preset("tiny", out=str(out), domain="train_fixtures:coin", steps=3, tasks_per_step=4, group_size=2,
+                    max_new_tokens=12, max_turns=3, lr=1e-3, kl_beta=0.0, save_every=1, keep_checkpoints=0,
+                    rollout_engine="vllm-server:" + ",".join(f"{url}/v1#tiny" for url in (vllm_server, second_server.url)))
+    try:
+        train_grpo(config, progress=False)
+    finally:  # both servers back on the checkpoint: a later LoRA run trains an adapter on their base
+        _restore(vllm_server)
+        _restore(second_server.url)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["trained_sequences"] for m in metrics), metrics
+    start = load("tiny")[0]
+    for step in (1, 2, 3):
+        weights = start if step == 1 else load(str(out / "checkpoints" / f"step_{step - 1}" / "model"))[0]
+        worst = _by_server(out, step, weights)
+        print(f"step {step}: largest |sampler - trainer| log-prob per server "
+              + ", ".join(f"{name.split('//')[1]} {gap:.1e}" for name, gap in sorted(worst.items())))
+        assert set(worst) == servers and all(gap < TOLERANCE for gap in worst.values()), worst
+        rows = [json.loads(line)["metadata"] for line in (out / "rollouts" / f"step_{step:06d}.jsonl").open()]
+        groups = {g: {r["server"] for r in rows if r["group"] == g} for g in range(4)}
+        assert all(len(names) == 1 for names in groups.values()), groups  # whole groups
+        assert sorted(sum(r["server"] == name for r in rows) for name in servers) == [4, 4], groups
+    moved = _by_server(out, 3, start)
+    print(f"step 3's episodes under the starting weights: up to {max(moved.values()):.3f}")
+    assert set(moved) == servers and all(gap > 0.05 for gap in moved.values()), moved
+
+
+def test_one_of_two_servers_killed_mid_run_stops_it_in_one_line_naming_it_and_a_rerun_resumes(
+        vllm_server, second_server, tmp_path, monkeypatch):
+    """A LoRA run on two servers; the second dies (SIGKILL to its process group, for real) as step 2's
+    episodes start: its episodes fault, the first server's play on, and the adapter sync after the update
+    fails on it: the run stops in one line naming that server (not the other), its step-1 checkpoint and
+    metrics as they were. The server started again on another port resumes the run (only an address
+    changed), on-policy on both servers; a rerun with one server fewer is refused (the count is part of
+    what the run was). The kill is placed by wrapping the run's user; the fault itself is real."""
+    import json
+    import signal
+
+    from muarl.train import grpo as grpo_module
+    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.samplers import EngineFailed
+    from muarl.users.base import UserSimulator
+
+    out = tmp_path / "run"
+    saved = out / "checkpoints" / "step_1"
+    first = f"{vllm_server}/v1#tiny"
+
+    def config(*urls: str, steps: int = 3):
+        return preset("tiny", out=str(out), domain="train_fixtures:coin", steps=steps, tasks_per_step=2,
+                      group_size=4, max_new_tokens=12, max_turns=3, lr=1e-2, kl_beta=0.0, lora_r=4, lora_alpha=8,
+                      save_every=1, rollout_engine="vllm-server:" + ",".join(urls))
+
+    def records() -> list[dict]:
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    class KillWhenSaved(UserSimulator):
+        """The run's own user, which kills the second server as the first episode after step 1's checkpoint
+        starts (step 2's first group is on the first server: the fewest episodes in flight, ties to it)."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def for_domain(self, domain):
+            return KillWhenSaved(self.inner.for_domain(domain))
+
+        def session(self, task, seed):
+            if saved.is_dir() and second_server.proc.poll() is None:
+                _stop_server(second_server.proc, signal.SIGKILL)
+            return self.inner.session(task, seed)
+
+    second = f"{second_server.url}/v1#tiny"
+    make_user = grpo_module.make_user
+    with monkeypatch.context() as patch:
+        patch.setattr(grpo_module, "make_user", lambda *a, **k: KillWhenSaved(make_user(*a, **k)))
+        with pytest.raises(EngineFailed) as stopped:
+            train_grpo(config(first, second), progress=False)
+    message = str(stopped.value)
+    print(message)
+    assert message.startswith(f"the rollout engine vllm-server:{second} could not take the updated weights "
+                              f"(no vLLM server at {second_server.url} "), message
+    assert "\n" not in message and vllm_server not in message and "the run resumes from its last checkpoint" in message
+    assert [r["step"] for r in records()] == [1] and saved.is_dir()
+
+    second_server.restart()  # another port
+    second = f"{second_server.url}/v1#tiny"
+    result = train_grpo(config(first, second), progress=False)
+    metrics = records()
+    assert [r["step"] for r in metrics] == [1, 2, 3] and result["steps"] == 3
+    resumed = [m for m in metrics[1:] if m["trained_sequences"]]
+    assert resumed and all(m["mismatch_kl"] < 1e-6 for m in resumed), metrics
+    servers = {json.loads(line)["metadata"]["server"] for step in (2, 3)
+               for line in (out / "rollouts" / f"step_{step:06d}.jsonl").open()}
+    assert servers == {f"vllm-server:{first}", f"vllm-server:{second}"}, servers
+    with pytest.raises(ValueError, match=r"another config \(rollout_engine: "):
+        train_grpo(config(first, steps=4), progress=False)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_two_training_processes_share_two_servers_and_rank_0_alone_syncs_them(vllm_server, second_server,
+                                                                              tmp_path, fsdp):
+    """``accelerate launch`` with two processes, LoRA, against two servers, with and without ``--fsdp``
+    (there every rank gathers the adapter from its shards, a collective, before rank 0 pushes it): every
+    rank's groups go to the servers (rank 0's first group to the first server, rank 1's to the second:
+    ranks start on different servers), each step's episodes are on-policy over both ranks (mismatch_kl
+    summed over them at float noise: rank 1 waits for rank 0's sync before it samples again), and rank 0
+    alone pushes: the second server loaded the adapter once per sync, every time from one process's sync
+    directory."""
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    out = tmp_path / "run"
+    logged = second_server.log.stat().st_size
+    first, second = f"vllm-server:{vllm_server}/v1#tiny", f"vllm-server:{second_server.url}/v1#tiny"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--module", "muarl",
+           "grpo", "--preset", "tiny", "--domain", "train_fixtures:coin", "--out", str(out), "--steps", "2",
+           "--tasks-per-step", "4", "--group-size", "2", "--max-new-tokens", "12", "--max-turns", "3",
+           "--lr", "1e-2", "--kl-beta", "0", "--lora-r", "4", "--lora-alpha", "8", "--save-every", "0",
+           "--no-progress", "--rollout-engine", f"{first},{second.removeprefix('vllm-server:')}",
+           *(["--fsdp"] if fsdp else [])]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2], metrics
+    trained = [m for m in metrics if m["trained_sequences"]]
+    kl = [m.get("mismatch_kl") for m in trained]
+    print(f"mismatch_kl per trained step {kl}")
+    assert trained and all(value is not None and value < 1e-6 for value in kl), kl
+    for step in (1, 2):  # group g is rank g % 2's
+        rows = [json.loads(line)["metadata"] for line in (out / "rollouts" / f"step_{step:06d}.jsonl").open()]
+        servers = [{r["server"] for r in rows if r["group"] == g} for g in range(4)]
+        assert servers == [{first}, {second}, {second}, {first}], servers
+    loads = re.findall(r"Loaded new LoRA adapter: name 'muarl-policy', path '(.*)/lora-\d+'",
+                       second_server.log.read_bytes()[logged:].decode(errors="replace"))
+    print(f"{len(trained)} updates; the second server loaded the adapter {len(loads)} times from "
+          f"{len(set(loads))} sync directory")
+    assert len(loads) == 1 + len(trained) and len(set(loads)) == 1, loads

@@ -288,6 +288,7 @@ class VLLMServerPolicy(VLLMPolicy):
         self._lora_dir = None
         self._syncs = itertools.count(1)
         self._loaded: dict[str, Path] = {}  # per kind ("weights", "lora"): the directory the server last loaded
+        self._adapter_borrowed = False  # another process loaded the adapter self.lora names
         self._formats: dict[str, ChatFormat] = {}
         self._sessions = 0
 
@@ -311,9 +312,28 @@ class VLLMServerPolicy(VLLMPolicy):
     def sync_weights(self, model: Any) -> None:
         """Write a trained causal LM's full weights (a peft model merged first, the trainer's copy left
         as it is) as safetensors to ``sync_dir`` and have the server reload them in place."""
+        path = self.write_sync(model, lora=False)
+        self.load_sync(path, lora=False)
+        self.synced(path, lora=False)
+
+    def sync_lora(self, model: Any) -> None:
+        """Save a peft model's adapter to a fresh directory and load it into the server in place; later
+        turns sample with it. The server needs ``--enable-lora`` and runtime LoRA updating."""
+        path = self.write_sync(model, lora=True)
+        self.load_sync(path, lora=True)
+        self.synced(path, lora=True)
+
+    # a sync in three parts, so that one write serves several servers (muarl.train.samplers.ServerSampler)
+    def write_sync(self, model: Any, lora: bool) -> Path:
+        """Write what a sync loads to a fresh directory of this policy's, and return it: ``lora``, a peft
+        model's adapter; else the full weights as safetensors (a peft model merged first, the trainer's
+        copy left as it is)."""
         from safetensors.torch import save_file
 
-        path = self._fresh_dir("weights")
+        path = self._fresh_dir("lora" if lora else "weights")
+        if lora:
+            model.save_pretrained(str(path))
+            return path
         tensors: dict[str, Any] = {}
         seen: set[int] = set()
         for name, tensor in merged_weights(model):
@@ -323,23 +343,32 @@ class VLLMServerPolicy(VLLMPolicy):
             seen.add(tensor.data_ptr())
             tensors[name] = tensor
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-        self.engine.reload_weights(str(path))
-        self._loaded_from("weights", path)
+        return path
 
-    def sync_lora(self, model: Any) -> None:
-        """Save a peft model's adapter to a fresh directory and load it into the server in place; later
-        turns sample with it. The server needs ``--enable-lora`` and runtime LoRA updating."""
-        path = self._fresh_dir("lora")
-        model.save_pretrained(str(path))
-        self.engine.load_lora(LORA_NAME, str(path))
+    def load_sync(self, path: Path, lora: bool) -> None:
+        """Have the server load a directory :meth:`write_sync` wrote (this policy's or another's on the
+        same filesystem): the adapter in place, later turns sampling with it, or every weight in place."""
+        if lora:
+            self.engine.load_lora(LORA_NAME, str(path))
+            self.lora = LORA_NAME
+        else:
+            self.engine.reload_weights(str(path))
+
+    def synced(self, path: Path, lora: bool) -> None:
+        """Every server that reads ``path`` has loaded it: the previous sync's directory goes."""
+        self._loaded_from("lora" if lora else "weights", path)
+
+    def use_synced_adapter(self) -> None:
+        """Sample with the adapter another process (rank 0 of a multi-process run) had the server load;
+        unloading it stays that process's, so :meth:`close` leaves it."""
         self.lora = LORA_NAME
-        self._loaded_from("lora", path)
+        self._adapter_borrowed = True
 
     def close(self) -> None:
         """Unload the synced adapter, close the HTTP client, remove this policy's sync directory. The
         unload first: a request to an adapter whose files are gone would make vLLM read them
         again, fail, and take the whole engine down ("LoRAAdapterNotFoundError" -> EngineDeadError)."""
-        if self.lora is not None:
+        if self.lora is not None and not self._adapter_borrowed:
             with contextlib.suppress(ServerError):  # a server already gone has nothing to unload
                 self.engine.unload_lora(self.lora)
             self.lora = None

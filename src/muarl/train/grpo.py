@@ -45,7 +45,7 @@ from muarl.train.samplers import (
     check_rollout_engine,
     check_user_beside_policy,
     make_sampler,
-    server_endpoint,
+    server_endpoints,
 )
 from muarl.train.sharding import (
     SHARDS,
@@ -174,7 +174,8 @@ class GRPOConfig(RunSettings):
         "help": "what samples the rollouts: muarl's transformers engine (hf) or vLLM, whose weights follow the "
                 "trainer's after every update (LoRA: the adapter reloaded in place; full: the weights pushed "
                 "in): in this process (vllm, needs `muarl[vllm]`) or a running vLLM server "
-                "(vllm-server:URL#MODEL, MODEL its --served-model-name; no vLLM needed here); docs/vllm.md",
+                "(vllm-server:URL#MODEL, MODEL its --served-model-name; no vLLM needed here), or several: "
+                "vllm-server:URL1#M,URL2#M (whole groups to the least busy, all synced); docs/vllm.md",
         "metavar": "{hf,vllm,vllm-server:URL#MODEL}"})
     vllm_gpu_memory: float = field(default=0.3, metadata={
         "help": "with --rollout-engine vllm on a GPU the trainer shares: the share of its memory vLLM's weights "
@@ -209,7 +210,7 @@ class GRPOConfig(RunSettings):
         if self.tis_cap < 0:
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
         if self.rollout_engine.startswith(SERVER):
-            server_endpoint(self.rollout_engine)  # a malformed URL#MODEL: one line (no connection yet)
+            server_endpoints(self.rollout_engine)  # a malformed URL#MODEL[,...]: one line (no connection yet)
             check_user_beside_policy(self)
         elif self.rollout_engine not in ("hf", "vllm"):
             raise ValueError(f"--rollout-engine must be hf, vllm or {SERVER}URL#MODEL, not {self.rollout_engine!r}")
@@ -569,9 +570,6 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     """
     check_report_to(config.report_to)
     dist = setup(config.device, group=config.fsdp)
-    if config.rollout_engine.startswith(SERVER) and dist.world > 1:
-        raise ValueError(f"--rollout-engine {SERVER}URL#MODEL runs in one training process only: every rank "
-                         "would sync the same server (use --rollout-engine vllm, one engine per rank)")
     check_rollout_engine(config)  # no vLLM, no server: one line before the run directory exists
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read
@@ -601,7 +599,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     tasks = domain.tasks(config.split)
     order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
-    sampler = make_sampler(config, model, tokenizer) if plain is None else ShardedSampler(config, model, plain, tokenizer)
+    sampler = (make_sampler(config, model, tokenizer, dist) if plain is None  # servers: rank 0 pushes, all sample
+               else ShardedSampler(config, model, plain, tokenizer, dist))
     try:
         sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
         # the data position: tasks played so far (each step's count is in its metrics, restored on resume)

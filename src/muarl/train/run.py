@@ -54,15 +54,17 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
 def _comparable(value: Any) -> Any:
     """A config value as a resume compares it: an endpoint spec's (``KIND:URL#MODEL``: ``--rollout-engine
     vllm-server:...``, ``--user llm:...``) address is where its model is served, not what it samples, so a
-    server restarted on another port or machine resumes the run; its kind and model name must stay."""
+    server restarted on another port or machine resumes the run; its kind and model name must stay, and
+    so must the number of servers of a comma-separated list (``vllm-server:URL1#M,URL2#M``)."""
     if isinstance(value, str) and "://" in value and "#" in value:
         from muarl.factory import SpecError, split_endpoint
 
+        kind = value.split(":", 1)[0]
         try:
-            _, model = split_endpoint(value, "endpoint")
+            models = [split_endpoint(f"{kind}:{piece}", "endpoint")[1] for piece in value.split(":", 1)[1].split(",")]
         except SpecError:
             return value
-        return f"{value.split(':', 1)[0]}:URL#{model}"
+        return f"{kind}:" + ",".join(f"URL#{model}" for model in models)
     return value
 
 

@@ -1,6 +1,7 @@
 """What samples a GRPO step's rollouts (``--rollout-engine``): muarl's transformers engine on the trainer's
 own model, or a vLLM engine whose weights follow the trainer's after every update: in this process
-(``vllm``) or a vLLM server addressed by URL (``vllm-server:URL#MODEL``, which needs no vLLM here).
+(``vllm``) or vLLM servers addressed by URL (``vllm-server:URL#MODEL``, or several comma-separated, which
+need no vLLM here).
 
 Both hand the step a :class:`~muarl.policies.base.Policy` per batch of tasks, seeded by (run seed, step,
 batch), and both produce the same :class:`~muarl.types.Trajectory` (token ids, loss mask, the sampler's
@@ -11,12 +12,14 @@ log-probs), so the update cannot tell them apart except through the rollout-trai
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from muarl.faults import RunFailed
-from muarl.policies.base import Policy
+from muarl.policies.base import Policy, PolicySession
+from muarl.train.distributed import Dist
 
 #: how many of the opening prompt's last positions :meth:`VLLMSampler.check` compares (the trainer builds
 #: a vocabulary-sized row of logits for each; the system turn of a tau2 domain is thousands of tokens)
@@ -107,40 +110,7 @@ class VLLMSampler:
         return self.engine_policy
 
     def check(self, model: Any, domain: Any) -> None:
-        """Refuse an engine that, synced, still does not sample ``model``: its teacher-forced log-probs of the
-        run's opening prompt (``domain``'s system turn, which every episode starts with, and a greeting)
-        against the trainer's, on the last :data:`PROBE_TOKENS` positions. The sync makes them agree up to
-        numerics unless the engine serves another base checkpoint than ``--model`` (a LoRA run trains an
-        adapter on the engine's base) or did not take the weights (a full fine-tuning run); the mismatch
-        warning of later steps would say so only after a step trained on another policy's episodes."""
-        import asyncio
-
-        from muarl.algorithms.mismatch import HIGH, LOW, WARN_OUTSIDE, mismatch_sums
-        from muarl.train.grpo import sequence_logprobs
-        from muarl.types import Message
-
-        policy = self.engine_policy
-        ids = policy.chat_format(domain).prompt_ids([Message(role="system", content=domain.policy),
-                                                     Message(role="user", content="Hello.")])
-        try:
-            scored = asyncio.run(policy.engine.generate(ids, policy.engine.score_params(), policy.lora)).prompt_logprobs
-        except RuntimeError as err:
-            raise EngineFailed(f"the rollout engine {policy.name} could not score the opening prompt ({err})") from err
-        mask = [int(p >= max(1, len(ids) - PROBE_TOKENS)) for p in range(len(ids))]
-        engine = torch.tensor([0.0 if v is None else v for v in scored or []], dtype=torch.float64)
-        if engine.shape[0] != len(ids):
-            raise ValueError(f"{policy.name}: the engine returned {engine.shape[0]} prompt log-probs for a "
-                             f"{len(ids)}-token prompt")
-        with torch.no_grad():
-            trainer, _ = sequence_logprobs(model, ids, 1.0, mask)
-        kl, outside, tokens = mismatch_sums(trainer.double().cpu(), engine, torch.tensor(mask))
-        if outside / tokens > WARN_OUTSIDE:
-            cause = ("a LoRA run trains an adapter on the engine's base checkpoint, which must be --model's"
-                     if self.lora else "the engine did not take the trainer's weights")
-            raise ValueError(f"{policy.name}: the engine's log-probs of the run's opening prompt disagree with the "
-                             f"trainer's after the weight sync (mismatch_kl {kl / tokens:.3g}, {outside / tokens:.0%} "
-                             f"of {tokens:.0f} tokens with a probability ratio outside [{LOW:g}, {HIGH:g}]): it does "
-                             f"not serve --model's weights ({cause})")
+        check_engine(self.engine_policy, model, domain, self.lora)
 
     def release(self) -> None:
         if self.sleep and not self.asleep:
@@ -169,14 +139,51 @@ class VLLMSampler:
         self.engine_policy.close()
 
 
+def check_engine(policy: Any, model: Any, domain: Any, lora: bool) -> None:
+    """Refuse a vLLM engine (``policy``: a :class:`~muarl.policies.vllm.VLLMPolicy` or a server's) that,
+    synced, still does not sample ``model``: its teacher-forced log-probs of the run's opening prompt (``domain``'s system turn, which every episode starts with, and a greeting)
+    against the trainer's, on the last :data:`PROBE_TOKENS` positions. The sync makes them agree up to
+    numerics unless the engine serves another base checkpoint than ``--model`` (a LoRA run trains an
+    adapter on the engine's base) or did not take the weights (a full fine-tuning run); the mismatch
+    warning of later steps would say so only after a step trained on another policy's episodes."""
+    import asyncio
+
+    from muarl.algorithms.mismatch import HIGH, LOW, WARN_OUTSIDE, mismatch_sums
+    from muarl.train.grpo import sequence_logprobs
+    from muarl.types import Message
+
+    ids = policy.chat_format(domain).prompt_ids([Message(role="system", content=domain.policy),
+                                                 Message(role="user", content="Hello.")])
+    try:
+        scored = asyncio.run(policy.engine.generate(ids, policy.engine.score_params(), policy.lora)).prompt_logprobs
+    except RuntimeError as err:
+        raise EngineFailed(f"the rollout engine {policy.name} could not score the opening prompt ({err})") from err
+    mask = [int(p >= max(1, len(ids) - PROBE_TOKENS)) for p in range(len(ids))]
+    engine = torch.tensor([0.0 if v is None else v for v in scored or []], dtype=torch.float64)
+    if engine.shape[0] != len(ids):
+        raise ValueError(f"{policy.name}: the engine returned {engine.shape[0]} prompt log-probs for a "
+                         f"{len(ids)}-token prompt")
+    with torch.no_grad():
+        trainer, _ = sequence_logprobs(model, ids, 1.0, mask)
+    kl, outside, tokens = mismatch_sums(trainer.double().cpu(), engine, torch.tensor(mask))
+    if outside / tokens > WARN_OUTSIDE:
+        cause = ("a LoRA run trains an adapter on the engine's base checkpoint, which must be --model's"
+                 if lora else "the engine did not take the trainer's weights")
+        raise ValueError(f"{policy.name}: the engine's log-probs of the run's opening prompt disagree with the "
+                         f"trainer's after the weight sync (mismatch_kl {kl / tokens:.3g}, {outside / tokens:.0%} "
+                         f"of {tokens:.0f} tokens with a probability ratio outside [{LOW:g}, {HIGH:g}]): it does "
+                         f"not serve --model's weights ({cause})")
+
+
 class ShardedSampler:
     """A sharded run's (``--fsdp``) sampler: the engine ``config.rollout_engine`` names, on ``plain``, an
     unsharded copy of the model into which the shards are gathered, one parameter at a time with every
     rank taking part, at the start (a resumed run's shards) and after every update. A LoRA run gathers
     only its adapter. The copy holds the weights alone (no gradients, no optimizer state); for a vLLM
-    engine it lives in CPU memory, from where the engine takes it as from an unsharded trainer."""
+    engine it lives in CPU memory, from where the engine takes it as from an unsharded trainer. Every rank
+    gathers (each gather is a collective); with servers, only rank 0 pushes the copy (:class:`ServerSampler`)."""
 
-    def __init__(self, config: Any, model: Any, plain: Any, tokenizer: Any):
+    def __init__(self, config: Any, model: Any, plain: Any, tokenizer: Any, dist: Dist | None = None):
         from muarl.train.sharding import gather_into
         from muarl.train.weights import is_lora
 
@@ -184,7 +191,7 @@ class ShardedSampler:
             plain.to("cpu")
         self.plain, self.lora = plain.eval().requires_grad_(False), is_lora(model)
         gather_into(model, plain, only_trainable=self.lora)
-        self.inner = make_sampler(config, plain, tokenizer)
+        self.inner = make_sampler(config, plain, tokenizer, dist)
 
     def policy(self, seed: int) -> Policy:
         return self.inner.policy(seed)
@@ -206,6 +213,147 @@ class ShardedSampler:
         self.inner.close()
 
 
+class ServerSampler:
+    """vLLM servers addressed by URL (``vllm-server:URL#MODEL``, or several comma-separated), the rollout
+    engine of every training process of a run. ``policies``: one
+    :class:`~muarl.policies.vllm_server.VLLMServerPolicy` per server, owned (closed) by the sampler.
+
+    The servers are shared by the processes, so one of them, rank 0, does what changes a server: it writes
+    the new weights (LoRA: the adapter) once and has every server load them, in parallel (a thread per
+    server: each load is HTTP requests that wait on the server), at the start and after every update; it
+    alone runs the pre-step check. The weights are the same on every rank after an update (the gradients
+    are summed), so rank 0's are every rank's. The other ranks wait for rank 0's outcome before they sample
+    again (sharing it is an all-gather, so also a barrier) and raise the same one-line error when it failed.
+    A step's groups spread over the servers by :class:`RoutedPolicy`; with one server each batch samples
+    from its policy directly, as :class:`VLLMSampler` does."""
+
+    def __init__(self, policies: list[Any], model: Any, lora: bool, dist: Dist | None = None):
+        self.policies, self.lora, self.dist = policies, lora, dist or Dist()
+        try:
+            self.sync(model)
+        except BaseException:
+            self.close()
+            raise
+
+    def policy(self, seed: int) -> Policy:
+        for policy in self.policies:
+            policy.seed = seed  # the episodes' seeds derive from it (and the task), whichever server samples
+        if len(self.policies) == 1:
+            return self.policies[0]
+        return RoutedPolicy(self.policies, first=self.dist.rank)
+
+    def check(self, model: Any, domain: Any) -> None:
+        """:func:`check_engine` on every server, by rank 0 (the weights are the same on every rank)."""
+        def check_all() -> None:
+            for policy in self.policies:
+                check_engine(policy, model, domain, self.lora)
+
+        self._on_main(check_all)
+
+    def release(self) -> None:
+        pass  # a server's memory is not the trainer's
+
+    def sync(self, model: Any) -> float:
+        """Rank 0 pushes ``model``'s weights into every server; every rank returns once they are in (the
+        seconds it took), or raises :class:`EngineFailed` naming the servers that did not take them."""
+        began = time.perf_counter()
+        self._on_main(lambda: self._push(model))
+        if self.lora and not self.dist.main:  # rank 0 loaded the adapter; every rank's turns sample with it
+            for policy in self.policies:
+                policy.use_synced_adapter()
+        return time.perf_counter() - began
+
+    def _push(self, model: Any) -> None:
+        """Write the weights once (into the first server's sync directory, which every server reads: a
+        shared filesystem when they run elsewhere), then load them into every server at the same time."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        path = self.policies[0].write_sync(model, self.lora)
+        with ThreadPoolExecutor(len(self.policies), thread_name_prefix="muarl-sync") as pool:
+            loads = [pool.submit(policy.load_sync, path, self.lora) for policy in self.policies]
+        failed = [(policy, load.exception()) for policy, load in zip(self.policies, loads, strict=True)
+                  if load.exception() is not None]
+        for _, err in failed:
+            if not isinstance(err, RuntimeError):  # not a server's failure (ServerError): a bug, as it is
+                raise err
+        if failed:
+            raise EngineFailed("; ".join(f"the rollout engine {policy.name} could not take the updated weights "
+                                         f"({err})" for policy, err in failed)
+                               + "; rerun the command once it is back: the run resumes from its last checkpoint")
+        self.policies[0].synced(path, self.lora)  # every server has the new weights: the previous ones go
+
+    def _on_main(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on rank 0 and share its outcome: a failure is raised on every rank, in the same
+        one line (rank 0's own exception there); the other ranks wait until rank 0 is done."""
+        failure: Exception | None = None
+        if self.dist.main:
+            try:
+                action()
+            except Exception as err:  # shared below, then raised as it was
+                failure = err
+        shared = failure if failure is None or type(failure) in (ValueError, EngineFailed) else \
+            RunFailed(f"rank 0 failed: {type(failure).__name__}: {failure}")  # what every rank can unpickle
+        outcome = self.dist.gather(shared)[0]
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            raise outcome
+
+    def close(self) -> None:
+        for policy in self.policies:
+            policy.close()
+
+
+class RoutedPolicy(Policy):
+    """Several servers' policies as one, for one batch of a step: all the episodes of a task (a GRPO group)
+    go to one server, the one with the fewest of this batch's episodes in flight when the group's first
+    episode starts (ties: the first from server ``first`` on, so that training processes, each routing its
+    own share of the groups, start on different servers).
+
+    Whole groups, because a group's episodes share their opening (one task, one user seed), which the
+    server's prefix cache then computes once. Which server samples an episode does not change what it
+    samples: every server holds the same weights and an episode's seeds derive from the policy's seed, the
+    task and the episode alone. Each trajectory's metadata names its server (``server``: the policy's
+    name). Any policies route so; the servers' are :class:`~muarl.policies.vllm_server.VLLMServerPolicy`."""
+
+    def __init__(self, policies: list[Any], first: int = 0):
+        self.policies = policies
+        self.first = first % len(policies)
+        self.name = ",".join(policy.name for policy in policies)
+        self.in_flight = [0] * len(policies)
+        self.routes: dict[str, int] = {}
+
+    def session(self, domain: Any, task: Any, seed: int | None = None) -> PolicySession:
+        n = len(self.policies)
+        server = self.routes.get(task.id)
+        if server is None:
+            server = min(range(n), key=lambda k: (self.in_flight[k], (k - self.first) % n))
+            self.routes[task.id] = server
+        inner = self.policies[server].session(domain, task, seed)
+        self.in_flight[server] += 1
+        return _RoutedSession(inner, self, server)
+
+    def provenance(self) -> dict[str, Any]:
+        return {"name": self.name, "servers": [policy.provenance() for policy in self.policies]}
+
+
+class _RoutedSession(PolicySession):
+    """One episode on the server :class:`RoutedPolicy` chose; its end frees a place there."""
+
+    def __init__(self, inner: PolicySession, router: RoutedPolicy, server: int):
+        self.inner, self.router, self.server = inner, router, server
+
+    async def next(self, new_messages: list[Any]) -> Any:
+        return await self.inner.next(new_messages)
+
+    def close(self) -> dict[str, Any]:
+        try:
+            meta = self.inner.close()
+        finally:
+            self.router.in_flight[self.server] -= 1
+        return {**(meta or {}), "server": self.router.policies[self.server].name}
+
+
 class EngineFailed(RunFailed):
     """The rollout engine failed between steps (a weight sync): the run cannot go on, and says so in one line."""
 
@@ -213,16 +361,33 @@ class EngineFailed(RunFailed):
 SERVER = "vllm-server:"
 
 
-def server_endpoint(engine: str) -> tuple[str, str]:
-    """(URL, served model name) of a ``vllm-server:URL#MODEL`` rollout engine; a malformed one is a
+def server_endpoints(engine: str) -> list[tuple[str, str]]:
+    """(URL, served model name) of each server of a ``vllm-server:URL#MODEL[,URL#MODEL...]`` rollout
+    engine; a malformed one, or a server named twice (it would be synced twice and counted as two), is a
     one-line ValueError."""
     from muarl.factory import split_endpoint
 
-    url, model = split_endpoint(engine, "--rollout-engine")
-    if "://" not in url:
-        raise ValueError(f"--rollout-engine {engine!r}: the URL must start with http:// or https://, "
-                         f"e.g. {SERVER}http://127.0.0.1:8000/v1#my-model")
-    return url, model
+    pieces = engine[len(SERVER):].split(",")
+    endpoints: list[tuple[str, str]] = []
+    for piece in pieces:
+        spec = piece.strip() if piece.strip().startswith(SERVER) else SERVER + piece.strip()
+        if len(pieces) == 1:
+            url, model = split_endpoint(engine, "--rollout-engine")
+        else:
+            try:
+                url, model = split_endpoint(spec, "--rollout-engine")
+            except ValueError:
+                raise ValueError(f"--rollout-engine {engine!r}: {piece.strip()!r} is not URL#MODEL; expected "
+                                 f"{SERVER}URL#MODEL,URL#MODEL,..., e.g. {SERVER}http://10.0.0.1:8000/v1#my-model,"
+                                 "http://10.0.0.2:8000/v1#my-model") from None
+        if "://" not in url:
+            raise ValueError(f"--rollout-engine {engine!r}: the URL must start with http:// or https://, "
+                             f"e.g. {SERVER}http://127.0.0.1:8000/v1#my-model")
+        if any(_server_address(url) == _server_address(seen) for seen, _ in endpoints):
+            raise ValueError(f"--rollout-engine {engine!r} names the server {url} twice: each server takes its "
+                             "own share of the groups and is synced once")
+        endpoints.append((url, model))
+    return endpoints
 
 
 def check_user_beside_policy(config: Any) -> None:
@@ -235,9 +400,8 @@ def check_user_beside_policy(config: Any) -> None:
 
     if not (config.rollout_engine.startswith(SERVER) and config.user.startswith("llm:")):
         return
-    policy_url, _ = server_endpoint(config.rollout_engine)
     user_url, user_model = split_endpoint(config.user, "user")
-    if _server_address(policy_url) != _server_address(user_url):
+    if all(_server_address(url) != _server_address(user_url) for url, _ in server_endpoints(config.rollout_engine)):
         return
     if config.lora_r == 0:
         raise ValueError(f"--user {config.user!r} is served by the --rollout-engine server, whose weights full "
@@ -258,18 +422,27 @@ def _server_address(url: str) -> tuple[str, int]:
     return ("127.0.0.1" if host in ("localhost", "::1") else host, port)
 
 
-def server_policy(config: Any) -> Any:
-    """A :class:`~muarl.policies.vllm_server.VLLMServerPolicy` on ``config.rollout_engine``'s server,
-    rendering episodes with the trainer's tokenizer (``config.model``); an unreachable server, or one not
-    serving the model, is a one-line ValueError."""
+def server_policies(config: Any) -> list[Any]:
+    """A :class:`~muarl.policies.vllm_server.VLLMServerPolicy` on each of ``config.rollout_engine``'s
+    servers, rendering episodes with the trainer's tokenizer (``config.model``); an unreachable server, or
+    one not serving the model, is a one-line ValueError naming it (the others' connections closed)."""
     from muarl.policies.vllm_server import ServerError, VLLMServerPolicy
 
-    url, name = server_endpoint(config.rollout_engine)
+    policies: list[Any] = []
     try:
-        return VLLMServerPolicy(url, name, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
-                                seed=config.seed, tokenizer=config.model, sync_dir=config.vllm_sync_dir)
+        for url, name in server_endpoints(config.rollout_engine):
+            policies.append(VLLMServerPolicy(url, name, temperature=config.temperature,
+                                             max_new_tokens=config.max_new_tokens, seed=config.seed,
+                                             tokenizer=config.model, sync_dir=config.vllm_sync_dir))
     except ServerError as err:
+        for policy in policies:
+            policy.close()
         raise ValueError(f"--rollout-engine {config.rollout_engine!r}: {err}") from None
+    except BaseException:
+        for policy in policies:
+            policy.close()
+        raise
+    return policies
 
 
 def check_rollout_engine(config: Any) -> None:
@@ -284,11 +457,13 @@ def check_rollout_engine(config: Any) -> None:
         if not available():
             raise ValueError(f"--rollout-engine vllm: {INSTALL_HINT}")
     elif config.rollout_engine.startswith(SERVER):
-        server_policy(config).close()  # the run's own connection is opened by make_sampler
+        for policy in server_policies(config):  # the run's own connections are opened by make_sampler
+            policy.close()
 
 
-def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
-    """The sampler ``config.rollout_engine`` names, for a GRPO run's ``model``.
+def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = None) -> Sampler:
+    """The sampler ``config.rollout_engine`` names, for a GRPO run's ``model`` on this process of ``dist``
+    (servers are shared by the processes: rank 0 alone pushes the weights into them).
 
     A run whose ``--model`` is a LoRA adapter directory trains on that adapter merged into its base: the
     engine starts on the whole checkpoint beneath and is synced with full (merged) weights, as an adapter
@@ -297,7 +472,7 @@ def make_sampler(config: Any, model: Any, tokenizer: Any) -> Sampler:
 
     lora = config.lora_r > 0 and adapter_base(config.model) is None
     if config.rollout_engine.startswith(SERVER):
-        return VLLMSampler(server_policy(config), model, lora=lora)
+        return ServerSampler(server_policies(config), model, lora, dist)
     if config.rollout_engine == "vllm":
         # the engine's precision follows the trainer's forwards: bf16 where they autocast to it (a GPU)
         cuda = torch.cuda.is_available()
