@@ -51,6 +51,11 @@ class FamilyShareWarning(UserWarning):
     filled its place, so the task mix is not the one configured."""
 
 
+class MissingFamilyWarning(UserWarning):
+    """A split has no task of a family the train split has: whatever is measured on that split says
+    nothing about that family, although a model is trained on it (so a family's failures there go unseen)."""
+
+
 def user_split(user_id: str, fractions: Mapping[str, float] = SPLIT_FRACTIONS) -> str:
     """The split a user belongs to: a stable function of the id alone."""
     bucket = int.from_bytes(hashlib.sha256(user_id.encode()).digest()[:8], "big") / 2**64
@@ -76,6 +81,8 @@ def generate(
     the family and raises :class:`GenerationError`). A family that finds no new host is set aside; when
     all are, generation fails loudly instead of quietly shipping fewer tasks than asked. One that was set
     aside well below its weight's share is a :class:`FamilyShareWarning` naming it, asked against got.
+    A split that got no task of a family the train split has (by the luck of the draw: a rare family in a
+    small split) is one :class:`MissingFamilyWarning` for the whole task set, naming each split and family.
     """
     unknown = set(counts) - set(SPLITS)
     if unknown:
@@ -140,7 +147,31 @@ def generate(
         warnings.warn(f"{domain.name}: task families ran out of distinct tasks below the share their weights "
                       f"asked, and the other families filled their place: {'; '.join(short)} "
                       "(grow the database with db_size, or lower their weights)", FamilyShareWarning, stacklevel=3)
+    lacking = _lacking(tasks, counts, short)
+    if lacking:
+        warnings.warn(f"{domain.name}: split(s) without a task of a family the train split has, so they measure "
+                      f"nothing of it: {'; '.join(lacking)} (ask for more tasks in those splits, or raise the "
+                      "families' weights)", MissingFamilyWarning, stacklevel=3)
     return tasks
+
+
+def _lacking(tasks: Sequence[Task], counts: Mapping[str, int], short: Sequence[str]) -> list[str]:
+    """``split lacks a, b`` for each split asked for that has no task of a family the train split has.
+
+    A family the share warning already named as run out in that split is left out: one warning per cause.
+    """
+    by_split: dict[str, set[str]] = {s: set() for s in SPLITS}
+    for task in tasks:
+        by_split[task.split].add(task.family)
+    out = []
+    for split in SPLITS:
+        if split == "train" or not counts.get(split):
+            continue
+        missing = [f for f in sorted(by_split["train"] - by_split[split])
+                   if not any(line.startswith(f"{f} in {split}:") for line in short)]
+        if missing:
+            out.append(f"{split} lacks {', '.join(missing)}")
+    return out
 
 
 #: a family that ran out is reported when it got less than this share of what its weight asked for

@@ -7,9 +7,10 @@ their parameter names, the written policy, and the task (scenario facts, intents
 required outputs). It plays the conversation a careful human agent would:
 
 1. **Authenticate first**, with the first authenticating tool whose required parameters are all facts of
-   ``scenario.known`` (by parameter name), asking for those the user has not said yet (withheld ones
-   included; by ``scenario.fact_words`` when the scenario names them so) and calling only once the user
-   has said them all.
+   ``scenario.known`` (by parameter name) and that takes at least one such fact, asking for those the
+   user has not said yet (withheld ones included; by ``scenario.fact_words`` when the scenario names them
+   so) and calling only once the user has said them all. A login with no arguments, or with none that is
+   a fact of the task, would teach logging in as nobody: such a task is :class:`CannotPlay`.
 2. For each request, in the order of the scenario's intents:
 
    - a **write** (a gold action): ask for any fact of the scenario the write's arguments repeat, **look
@@ -17,20 +18,31 @@ required outputs). It plays the conversation a careful human agent would:
      **propose** it naming the action and every argument value (the user's ``first_args`` first, the
      changed arguments after a change of mind), wait for an **explicit yes**, act, and report;
    - a **question**: look up until the answer has been seen, then say it;
-   - an **out-of-policy** request: look the record up, **refuse** politely quoting the policy's rule,
-     and keep refusing while the user insists;
+   - an **out-of-policy** request: look the record up, **refuse** politely quoting the policy clause
+     that matches the request (:func:`policy_rule` says how it is chosen), and keep refusing while the
+     user insists;
    - a step on the user's device (``user_actions``): ask the user to do it.
 
 3. Say any required output not yet said, and offer more help.
 
-"Look up" calls the read tools whose required parameters can all be filled (by name) from the write's
-arguments, from facts the user has said, or from what earlier tool results named (the authenticated id
-under its record's own field name, the keys of a JSON object), in the order the domain declares them,
-each call at most once per episode, and stops as soon as nothing in the proposal is unexplained. So
-the data teaches where every identifier comes from, without calling every read tool before every write.
+"Look up" calls the read tools whose required parameters can all be filled (by name) from facts the
+user has said, from what earlier tool results named (the authenticated id under its record's own field
+name, the keys of a JSON object), or from the write's arguments that the conversation has already shown,
+in the order the domain declares them, each call at most once per episode, and stops as soon as nothing
+in the proposal is unexplained. So the data teaches where every identifier comes from, without calling
+every read tool before every write. A write's own arguments fill a read only once said or shown, so a
+read tool never gets a value only the write knows (an id nobody has looked up, or the write itself: an
+``INSERT`` statement sent to a ``read_query`` tool).
 
-A task it cannot play raises :class:`CannotPlay` before the conversation, naming the task and what is
-missing: it never falls back to a conversation that cannot succeed.
+**Identifiers come from the conversation.** Every identifier the teacher puts in a proposal, a refusal
+or a tool call (:func:`identifiers`: a word with a digit or an ``@`` in it, such as an id, a date, a card
+number, an email or an amount) must appear in a user message or a tool result before it says it; where
+the look-ups could not show it, the task raises :class:`CannotPlay` rather than teach a model to invent
+ids.
+
+A task it cannot play raises :class:`CannotPlay`, naming the task and what is missing: before the
+conversation where the task and the tools show it, else at the message that would have named what the
+conversation never showed. It never falls back to a conversation that teaches the wrong thing.
 """
 
 from __future__ import annotations
@@ -50,9 +62,21 @@ if TYPE_CHECKING:
     from muarl.types import Task
 
 #: words in a policy clause that make it a rule someone could be refused under
-_LIMIT = re.compile(r"\b(not|only|never|at most|no more than|cannot|can't|must|limit\w*|maximum|up to)\b", re.I)
+_LIMIT = re.compile(r"\b(not|no|only|never|at most|more than|cannot|can't|must|limit\w*|maximum|up to|unless|"
+                    r"except|forbidden|prohibited)\b", re.I)
 #: a clause that instructs the agent ("refuse a third renewal") rather than states the rule
 _TO_AGENT = re.compile(r"\b(refuse|decline|deny|reject)\b", re.I)
+#: where an instruction to the agent starts inside a sentence ("..., so refuse a third renewal")
+_TO_AGENT_START = re.compile(r"(?:,\s*|\s+)(?:(?:so|and|then|but|or)\s+)?(?=(?:refuse|decline|deny|reject)\b)", re.I)
+#: a clause about the steps every request goes through (identity, a yes), not a reason to refuse one
+_PROCEDURE = re.compile(r"\b(yes|confirm\w*|authenticat\w*|verif\w*|identity|identif\w*)\b", re.I)
+#: words that tell no clause from another when matching a clause to a request
+_FILLER = frozenset({
+    "the", "and", "for", "with", "this", "that", "these", "those", "from", "into", "your", "their", "our", "his",
+    "her", "its", "can", "could", "may", "might", "will", "would", "should", "shall", "please", "want", "like",
+    "once", "more", "again", "any", "some", "what", "when", "who", "which", "they", "them", "you"})
+#: a word that names something specific: it has a digit or an @ in it (see :func:`identifiers`)
+_NAMING = re.compile(r"[^\s,;()\[\]{}<>'\"`]*[\d@][^\s,;()\[\]{}<>'\"`]*")
 
 
 class CannotPlay(ValueError):
@@ -109,23 +133,86 @@ def leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
+def identifiers(value: Any) -> list[str]:
+    """The identifiers an argument value names, as the teacher would say them: every word of its scalar
+    values (:func:`render`) that has a digit or an ``@`` in it and at least two characters: ids, dates,
+    card numbers, emails, amounts. A lone digit (a quantity, a count) is not one, nor is plain text.
+
+    Why words and not whole values: an identifier inside a text argument (``"renew L00012"``) must come
+    from the conversation as much as one that is the whole value."""
+    found: list[str] = []
+    for leaf in leaves(value):
+        for word in _NAMING.findall(render(leaf)):
+            word = word.rstrip(".:!?")
+            if len(word) >= 2 and word not in found:
+                found.append(word)
+    return found
+
+
 def describe(action: str, args: Mapping[str, Any]) -> str:
     """The action and every argument value, e.g. "renew loan with loan id L00012"."""
     parts = [f"{words(k)} {render(v)}" for k, v in args.items()]
     return f"{words(action)} with {listing(parts)}" if parts else words(action)
 
 
-def policy_rule(policy: str, action: str) -> str:
-    """The policy clause a refusal of ``action`` can quote: one that names the action's verb and a limit."""
+def clauses(policy: str) -> list[str]:
+    """The policy cut into clauses: at line ends (bullets stripped), after ``.``, ``;``, ``:``, ``!`` and
+    ``?``, at a dash between spaces, and where an instruction to the agent starts inside a sentence ("A loan
+    may not be renewed more than twice, so refuse a third renewal" is two clauses: the rule, and what to do)."""
+    out = []
+    for line in policy.splitlines():
+        for sentence in re.split(r"(?<=[.;:!?])\s+|\s+[-\u2013\u2014]+\s+", line):
+            for part in _TO_AGENT_START.split(sentence):
+                text = part.strip(" -*#\t.;:,")
+                if text:
+                    out.append(text)
+    return out
+
+
+def _stems(text: str) -> set[str]:
+    """The content words of ``text``, each by its first five letters (renew, renewed, renewal: "renew")."""
+    return {w[:5] for w in re.findall(r"[a-z]+", text.lower()) if len(w) > 2 and w not in _FILLER}
+
+
+def policy_rule(policy: str, action: str, request: str = "") -> str:
+    """The policy clause a refusal of ``action`` quotes, chosen to match the request (``request``: its words,
+    e.g. the intent's description and the action's argument names).
+
+    Among the :func:`clauses` that name the action's verb in any form (``renew_loan``: renew, renewed,
+    renewal) and state a limit ("not", "only", "never", "at most", "more than", "cannot", "must" ...), the
+    one sharing the most content words with the request (compared by their first five letters), where a
+    clause about identity or confirmation (every request goes through those, so none is refused under
+    them) counts only when no other does, and the earlier clause wins a tie. Why not the first clause
+    that names the verb: "renew a loan only after the member says yes" names it and says "only", yet a third
+    renewal is refused under "a loan may not be renewed more than twice". A clause that only instructs the
+    agent ("refuse a third renewal") is quoted as "our policy is to ..." when no clause states the rule.
+    """
     verb = action.split("_")[0]
     stem = verb[:-1] if verb.endswith("e") and len(verb) > 4 else verb
-    for line in policy.splitlines():
-        for clause in re.split(r"(?<=[.;])\s+", line):
-            text = clause.strip(" -*#\t.;")
-            if stem and re.search(rf"\b{re.escape(stem)}", text, re.I) and _LIMIT.search(text) \
-                    and not _TO_AGENT.search(text):
-                return f"our policy says that {text[:1].lower()}{text[1:]}"
+    if not stem:
+        return "this is not allowed under our policy"
+    names = re.compile(rf"\b{re.escape(stem)}", re.I)
+    wanted = _stems(f"{request} {words(action)}")
+    rules, instructions = [], []
+    for i, text in enumerate(clauses(policy)):
+        if not names.search(text):
+            continue
+        rank = (not _PROCEDURE.search(text), len(_stems(text) & wanted), -i)
+        if _TO_AGENT.search(text):
+            instructions.append((rank, text))
+        elif _LIMIT.search(text):
+            rules.append((rank, text))
+    if rules:
+        text = max(rules)[1]
+        return f"our policy says that {text[:1].lower()}{text[1:]}"
+    if instructions:
+        text = max(instructions)[1]
+        return f"our policy is to {text[:1].lower()}{text[1:]}"
     return "this is not allowed under our policy"
+
+
+def _cannot(domain: Domain, task: Task, what: str) -> CannotPlay:
+    return CannotPlay(f"the generic teacher cannot play task {task.id!r} of domain {domain.name}: {what}")
 
 
 def plan(domain: Domain, task: Task) -> tuple[list[tuple[Tool, dict[str, Any]]], list[Step]]:
@@ -133,7 +220,7 @@ def plan(domain: Domain, task: Task) -> tuple[list[tuple[Tool, dict[str, Any]]],
     the task cannot be played from its scenario and the domain's declared tools."""
 
     def cannot(what: str) -> CannotPlay:
-        return CannotPlay(f"the generic teacher cannot play task {task.id!r} of domain {domain.name}: {what}")
+        return _cannot(domain, task, what)
 
     known = task.scenario.known
     missing = [k for k in task.scenario.withheld if k not in known]
@@ -144,14 +231,20 @@ def plan(domain: Domain, task: Task) -> tuple[list[tuple[Tool, dict[str, Any]]],
         if action.name not in tools:
             raise cannot(f"gold action {action.name!r} names no {action.actor} tool of the domain")
     auth_tools = [t for t in domain.tools if t.authenticates]
-    auth = [(t, {p: known[p] for p in t.spec.parameters.get("properties", {}) if p in known})
-            for t in auth_tools if all(p in known for p in required(t))]
+    # a login takes at least one fact of the task: one called with no arguments (every parameter optional
+    # and none named after a fact, or none at all) would teach logging in as nobody
+    auth: list[tuple[Tool, dict[str, Any]]] = []
+    for t in auth_tools:
+        args = {p: known[p] for p in t.spec.parameters.get("properties", {}) if p in known}
+        if args and all(p in known for p in required(t)):
+            auth.append((t, args))
     if domain.requires_auth and not auth_tools:
         raise cannot("the domain requires authentication but declares no authenticating tool "
                      "(mark it @tool(authenticates=True))")
     if domain.requires_auth and not auth:
-        needs = "; ".join(f"{t.name} needs {', '.join(p for p in required(t) if p not in known)}" for t in auth_tools)
-        raise cannot(f"no authenticating tool can be called from scenario.known ({needs})")
+        raise cannot("no authenticating tool can be called with facts of scenario.known "
+                     f"({'; '.join(_login_needs(t, known) for t in auth_tools)}; name the tool's parameters "
+                     "after the facts they take)")
 
     writes = [a for a in task.gold_actions if a.actor == "agent"]
     on_device = [a for a in task.gold_actions if a.actor == "user"]
@@ -181,6 +274,17 @@ def plan(domain: Domain, task: Task) -> tuple[list[tuple[Tool, dict[str, Any]]],
     return auth, steps
 
 
+def _login_needs(tool: Tool, known: Mapping[str, Any]) -> str:
+    """Why ``tool`` cannot log the user in from ``known``, for :class:`CannotPlay`."""
+    params = list(tool.spec.parameters.get("properties", {}))
+    missing = [p for p in required(tool) if p not in known]
+    if missing:
+        return f"{tool.name} needs {', '.join(missing)}"
+    if not params:
+        return f"{tool.name} takes no arguments"
+    return f"{tool.name} takes {', '.join(params)}, none of them a fact of the task"
+
+
 class GenericTeacher(TeacherSession):
     """One episode of the generic teacher (see the module docstring for what it does and why)."""
 
@@ -201,6 +305,7 @@ class GenericTeacher(TeacherSession):
         return (yield from super().say(text))
 
     def call(self, name: str, arguments: Mapping[str, Any]) -> Script:
+        self.vouch(arguments, f"calling {name}")
         out = yield from super().call(name, arguments)
         self.last_call = name
         self.seen.append(out)
@@ -235,9 +340,32 @@ class GenericTeacher(TeacherSession):
         text = norm(" ".join(self.heard + self.seen))
         return all(norm(render(v)) in text or norm(str(v)) in text for v in leaves(value))
 
+    def unshown(self, value: Any) -> list[str]:
+        """The :func:`identifiers` of ``value`` that no user message or tool result has contained (as a
+        whole word: ``L0001`` is not shown by ``L00012``)."""
+        text = " ".join(self.heard + self.seen).lower()
+        return [w for w in identifiers(value)
+                if not re.search(rf"(?<!\w){re.escape(w.lower())}(?!\w)", text)]
+
+    def vouch(self, args: Mapping[str, Any], doing: str) -> None:
+        """Raise :class:`CannotPlay` when ``args`` name an identifier the conversation has not shown.
+
+        Why raise rather than go on: what this teacher says is what a model learns to say, and a proposal,
+        a refusal or a call naming an id that nothing showed teaches it to invent ids (the scripted user,
+        which knows the task, would even confirm it)."""
+        missing = self.unshown(args)
+        if missing:
+            raise _cannot(self.domain, self.task,
+                          f"{doing} would name {listing(missing)}, which no user message or tool result "
+                          "contained (declare a read tool whose required parameters the conversation can fill "
+                          "and whose result shows it, or have the user say it)")
+
     def _fact_for(self, param: str, extra: Mapping[str, Any]) -> tuple[Any, str | None]:
-        """A value for ``param`` and, when it is a scenario fact the user has not said yet, that fact's key."""
-        if param in extra:
+        """A value for ``param`` and, when it is a scenario fact the user has not said yet, that fact's key.
+
+        A value from ``extra`` (the write's or the request's arguments) counts only once the conversation
+        has shown it: a read is never made with something only the write knows."""
+        if param in extra and self._heard_or_seen(extra[param]):
             return extra[param], None
         if param in self.learned:
             return self.learned[param], None
@@ -326,6 +454,7 @@ class GenericTeacher(TeacherSession):
             if not (yield from self.ask_facts(args)):
                 return None
             yield from self.look_up(list(args.values()), args)
+            self.vouch(args, f"proposing {step.action}")
             return f"I can {describe(step.action, args)}."
 
         done = yield from self.settle(intent, step.action, propose)
@@ -337,7 +466,10 @@ class GenericTeacher(TeacherSession):
         return "I have not made that change."
 
     def read(self, step: Step) -> Script:
-        """A gold action that only reads: call it (no confirmation needed)."""
+        """A gold action that only reads: look up what it names, then call it (no confirmation needed)."""
+        if not (yield from self.ask_facts(step.args)):
+            return "I could not look that up without those details."
+        yield from self.look_up(list(step.args.values()), step.args)
         yield from self.call(step.action, step.args)
         return ""
 
@@ -348,11 +480,20 @@ class GenericTeacher(TeacherSession):
 
     def refuse_request(self, step: Step) -> Script:
         yield from self.look_up(list(step.args.values()), step.args)
-        rule = policy_rule(self.domain.policy, step.action)
+        self.vouch(step.args, f"refusing {step.action or 'the request'}")
+        rule = self.rule_for(step)
         what = describe(step.action, step.args) if step.action else "do that"
         yield from self.refuse(f"I'm sorry, but I can't {what}: {rule}.",
                                f"I understand, but I can't make an exception: {rule}.")
         return ""
+
+    def rule_for(self, step: Step) -> str:
+        """The policy clause the refusal of ``step`` quotes (:func:`policy_rule`, matched against the
+        intent's description, question and argument names). A domain whose policy reads otherwise overrides
+        this in its ``Domain.teacher`` subclass."""
+        intent = step.intent
+        said = [intent.description, intent.question or "", intent.say or ""] if intent else []
+        return policy_rule(self.domain.policy, step.action, " ".join([*said, *map(words, step.args)]))
 
     def instruct(self, step: Step) -> Script:
         how = f" ({render(dict(step.args))[1:-1]})" if step.args else ""
