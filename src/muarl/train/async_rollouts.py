@@ -4,7 +4,8 @@ In the method's own setting the simulated user is an API model and an episode mo
 replies; a synchronous step (sample, then update) leaves the trainer idle while users think and the
 sampler idle while the trainer updates, and waits for the step's slowest episode. Here a
 :class:`RolloutStream` plays groups in a thread of its own, on the sampler's copy of the weights, and
-hands them to the trainer as they finish:
+hands them to the trainer as they finish (the sampler is a
+:class:`~muarl.train.samplers.CopySampler`: it has its own copy of the weights):
 
 - every group records the weights version it started under (``policy_version`` in each episode's
   metadata; a version is one update); the trainer takes finished groups in the order they finished and

@@ -36,12 +36,13 @@ from muarl.faults import credited_reward, require_unfaulted
 from muarl.provenance import domain_record
 from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig, RolloutEngine
 from muarl.train import RunSettings, autocast, from_preset, make_optimizer
+from muarl.train.async_rollouts import RolloutStream, take_step
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist, setup
 from muarl.train.run import open_run
 from muarl.train.samplers import (
     SERVER,
-    ShardedSampler,
+    CopySampler,
     check_rollout_engine,
     check_user_beside_policy,
     make_sampler,
@@ -169,6 +170,12 @@ class GRPOConfig(RunSettings):
                 "trainer's pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 "
                 "is the published choice (0: off). The mismatch is logged either way (mismatch_kl, "
                 "mismatch_outside)", "metavar": "C"})
+    # asynchronous GRPO (muarl.train.async_rollouts): episodes keep being played while the trainer updates
+    max_staleness: int = field(default=0, metadata={
+        "help": "asynchronous rollouts: groups are played on the newest synced weights while the trainer "
+                "updates, and a step takes finished groups at most N updates old, the policy term weighed by "
+                "the truncated importance ratio (--tis-cap, 2 unless set); 0: sample, then update (docs/training.md)",
+        "metavar": "N"})
     # a vLLM engine's weights are synced to the trainer's after each update
     rollout_engine: str = field(default="hf", metadata={
         "help": "what samples the rollouts: muarl's transformers engine (hf) or vLLM, whose weights follow the "
@@ -209,6 +216,13 @@ class GRPOConfig(RunSettings):
                              "(--violation-reward needs --penalize-violations)")
         if self.tis_cap < 0:
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
+        if self.max_staleness < 0:
+            raise ValueError(f"--max-staleness must be 0 (synchronous) or more, not {self.max_staleness}")
+        if self.max_staleness and self.tis_cap == 0:
+            self.tis_cap = 2.0  # stale tokens are weighed by the truncated ratio to their behaviour log-probs
+        if self.max_staleness and (self.fsdp or self.rollout_engine != "hf"):
+            raise ValueError("--max-staleness runs with muarl's own engine (--rollout-engine hf) and without "
+                             "--fsdp for now")
         if self.rollout_engine.startswith(SERVER):
             server_endpoints(self.rollout_engine)  # a malformed URL#MODEL[,...]: one line (no connection yet)
             check_user_beside_policy(self)
@@ -570,6 +584,9 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     """
     check_report_to(config.report_to)
     dist = setup(config.device, group=config.fsdp)
+    if config.max_staleness and dist.world > 1:
+        raise ValueError("--max-staleness runs in one training process for now (its groups are played in a "
+                         "thread of the process)")
     check_rollout_engine(config)  # no vLLM, no server: one line before the run directory exists
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read
@@ -577,8 +594,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     # a sharded run starts from --model and loads its checkpoint's shards below
     model, reference, tokenizer = load_trainable(config, str(dist.device), None if config.fsdp else run.resume_from,
                                                  want_reference=True)
-    # a sharded run samples from an unsharded copy that follows the shards after every update
-    plain = copy.deepcopy(model) if config.fsdp else None
+    # a sharded or asynchronous run samples from a copy of the weights that follows them after every update
+    plain = copy.deepcopy(model) if config.fsdp or config.max_staleness else None
     if config.fsdp:
         shard_for_training(model, reference, config, dist)
     model.eval()
@@ -600,12 +617,18 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
     sampler = (make_sampler(config, model, tokenizer, dist) if plain is None  # servers: rank 0 pushes, all sample
-               else ShardedSampler(config, model, plain, tokenizer, dist))
+               else CopySampler(config, model, plain, tokenizer, dist))
+    stream = None
     try:
         sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
         # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
         cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
         warned = False
+        if config.max_staleness:  # --max-staleness: groups played in a thread of their own (async_rollouts)
+            stream = RolloutStream(sampler, domain, user, episode, config.group_size, order, cursor,
+                                   per_step=config.tasks_per_step, staleness=config.max_staleness,
+                                   group_seed=lambda position: _step_seed(config.seed, position, 0),
+                                   policy_seed=_step_seed(config.seed, run.start_step)).start()
         for step in range(run.start_step, config.steps):
             began = time.perf_counter()
             model.eval()
@@ -618,7 +641,12 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 gathered = dist.gather(asyncio.run(engine.run(local)) if local else [])
                 return [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
 
-            groups, rewards, keep, cursor = collect_groups(play, order, cursor, config)
+            before, asynchrony = cursor, {}
+            if stream is None:
+                groups, rewards, keep, cursor = collect_groups(play, order, cursor, config)
+            else:
+                groups, rewards, keep, cursor, asynchrony = take_step(stream, cursor, config, lambda t: train_reward(
+                    t, config.penalize_violations, config.violation_reward))
             require_unfaulted((t for g in groups for t in g), f"GRPO step {step + 1}")
             rollout_s = time.perf_counter() - began
             advantages = algorithm.advantages(rewards)
@@ -636,16 +664,17 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 sampler.release()  # --vllm-sleep: the engine's GPU memory goes to the update until the sync
                 stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
                                                             dist, totals)
-                stats["sync_s"] = sampler.sync(model)
+                stats["sync_s"] = sampler.sync(model) if stream is None else stream.sync(model)
                 warning = mismatch_warning(step + 1, stats.get("mismatch_kl", 0.0), stats.get("mismatch_outside", 0.0))
-                if warning and dist.main and not warned:  # once per run: every later step would say it again
+                # asynchronous: the mismatch includes the policy's own lag (up to N updates), not only the engine's
+                if warning and dist.main and not warned and stream is None:  # once per run, not every step
                     print(warning, file=sys.stderr)
                     warned = True
             if dist.main:
                 _write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
-            record = {"step": step + 1, **rollout_metrics(groups), **stats, "trained_sequences": len(batch),
-                      "tasks_played": len(groups), "trained_groups": int(keep.sum()),
+            record = {"step": step + 1, **rollout_metrics(groups), **stats, **asynchrony,
+                      "trained_sequences": len(batch), "tasks_played": cursor - before, "trained_groups": int(keep.sum()),
                       "rollout_s": rollout_s, "reference_s": ref_s, "update_s": update_s,
                       "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9)}
             history.append(record)
@@ -664,6 +693,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                                     {"step": step + 1, "optimizer": optimizer.state_dict(), "metrics": history},
                                     keep=config.keep_checkpoints)
     finally:
+        if stream is not None:
+            stream.close()
         trackers.close()
         sampler.close()
     if config.fsdp:

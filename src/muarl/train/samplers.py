@@ -175,10 +175,12 @@ def check_engine(policy: Any, model: Any, domain: Any, lora: bool) -> None:
                          f"not serve --model's weights ({cause})")
 
 
-class ShardedSampler:
-    """A sharded run's (``--fsdp``) sampler: the engine ``config.rollout_engine`` names, on ``plain``, an
-    unsharded copy of the model into which the shards are gathered, one parameter at a time with every
-    rank taking part, at the start (a resumed run's shards) and after every update. A LoRA run gathers
+class CopySampler:
+    """A sampler on a copy of the weights, for runs whose model the engine cannot sample from directly: a
+    sharded run's (``--fsdp``), and an asynchronous run's (``--max-staleness``), whose engine samples while
+    the trainer changes its weights. The engine ``config.rollout_engine`` names runs on ``plain``, an
+    unsharded copy of the model into which the weights are copied (shards gathered), one parameter at a
+    time with every rank taking part, at the start (a resumed run's) and after every update. A LoRA run gathers
     only its adapter. The copy holds the weights alone (no gradients, no optimizer state); for a vLLM
     engine it lives in CPU memory, from where the engine takes it as from an unsharded trainer. Every rank
     gathers (each gather is a collective); with servers, only rank 0 pushes the copy (:class:`ServerSampler`)."""
