@@ -1104,3 +1104,30 @@ def test_two_training_processes_share_two_servers_and_rank_0_alone_syncs_them(vl
     print(f"{len(trained)} updates; the second server loaded the adapter {len(loads)} times from "
           f"{len(set(loads))} sync directory")
     assert len(loads) == 1 + len(trained) and len(set(loads)) == 1, loads
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_a_sharded_run_keeps_its_in_process_engine_in_step(tmp_path, lora_r):
+    """``--fsdp`` with ``--rollout-engine vllm``: after every update the shards are gathered, one parameter
+    at a time, into the sampler's CPU copy and pushed into the engine (LoRA: the adapter), so each later
+    step's episodes are on-policy (mismatch at float noise). A process of its own: the sharded run's process
+    group must not meet vLLM's in this test process."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "muarl", "grpo", "--fsdp", "--rollout-engine", "vllm", "--model", "tiny",
+           "--domain", "train_fixtures:coin", "--out", str(out), "--steps", "3", "--tasks-per-step", "2",
+           "--group-size", "4", "--max-new-tokens", "12", "--max-turns", "3", "--lr", "1e-2" if lora_r else "1e-3",
+           "--kl-beta", "0", "--lora-r", str(lora_r), "--lora-alpha", "8", "--save-every", "0",
+           "--report-to", "none", "--no-progress"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in metrics if m["trained_sequences"] > m.get("skipped_sequences", 0)]
+    assert len(trained) >= 2, metrics
+    assert all(m["mismatch_kl"] < 1e-6 and m["mismatch_outside"] == 0.0 and m["sync_s"] > 0 for m in trained), trained
+    assert json.loads((out / "config.json").read_text())["fsdp"] is True
