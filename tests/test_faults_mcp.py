@@ -43,8 +43,8 @@ from muarl.users.scripted import ScriptedUser
 
 PY = sys.executable
 PLAIN = str(Path(__file__).with_name("mcp_plain_server.py"))
-CONTROL = "control-secret-for-tests"
-AUTH = "bearer-secret-for-tests"
+CONTROL = "control-secret-for-tests-32-characters"
+AUTH = "bearer-secret-for-tests-of-32-characters"
 pytestmark = pytest.mark.slow  # real server processes
 
 

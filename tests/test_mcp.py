@@ -31,7 +31,7 @@ from muarl.users.scripted import ScriptedUser
 
 FAULT_SERVER = str(Path(__file__).with_name("mcp_fault_server.py"))
 #: the HTTP server's control token: muarl's client presents it to grade with the server's own state
-CONTROL_TOKEN = "test-control-token"
+CONTROL_TOKEN = "test-control-token-of-32-characters"
 pytestmark = pytest.mark.slow  # real server processes; about 3 s of start-up each on 2 cores
 
 
@@ -339,10 +339,11 @@ def test_cli_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
 def test_mcp_domain_spec_runs_the_rollout_cli(http_url: str, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``--domain mcp:retail@URL`` is a domain like any other for every command (the control token from
-    the environment, as a user of the command line gives it)."""
+    the environment, as a user of the command line gives it, bound to the server's URL)."""
     from muarl.cli import main
 
     monkeypatch.setenv("MUARL_MCP_CONTROL_TOKEN", CONTROL_TOKEN)
+    monkeypatch.setenv("MUARL_MCP_URL", http_url)
     domain = get_domain(f"mcp:retail@{http_url}")
     assert isinstance(domain, MCPDomain) and domain.mirror is get_domain("retail") and len(domain.tools) == 16
     assert domain.muarl_server  # it graded with the server's own state

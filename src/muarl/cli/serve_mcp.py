@@ -4,8 +4,6 @@ session."""
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from muarl.cli import options
 
@@ -21,7 +19,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTTP: interface to listen on; beyond loopback a bearer token is required")
     p.add_argument("--port", type=int, default=8000, help="HTTP: port; the endpoint is http://HOST:PORT/mcp")
     p.add_argument("--max-sessions", type=int, default=4096,
-                   help="HTTP: private databases kept at once (least recently used ones go first)")
+                   help="private databases (and HTTP sessions) at once; at the limit new ones are refused")
+    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="a session unused this long is closed and its database freed (default 600)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="HTTP: a further name clients reach the server by (Host check against DNS rebinding)")
     options.seed(p, help="serve the domain over a database generated from this seed", default=None)
     p.add_argument("--size", type=int, help="... with this many users")
     p.add_argument("--control-token-file", metavar="FILE",
@@ -32,34 +34,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: $MUARL_MCP_AUTH_TOKEN); required with a --host beyond loopback")
 
 
-def _token(env_var: str, path: str | None, option: str) -> str | None:
-    """A secret from a file (``option``) or the environment; never from the command line, where ``ps`` shows it."""
-    if path is None:
-        return os.environ.get(env_var) or None
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as err:
-        raise ValueError(f"{option} {path}: cannot read it ({err.strerror})") from None
-    if not token:
-        raise ValueError(f"{option} {path}: the file is empty")
-    return token
-
-
 def run(args: argparse.Namespace) -> int:
     from muarl.domain import get_domain
-    from muarl.mcp.client import AUTH_ENV, CONTROL_ENV
-    from muarl.mcp.server import check_exposure, serve_http, serve_stdio
+    from muarl.mcp.exposure import check_exposure
+    from muarl.mcp.server import serve_http, serve_stdio
+    from muarl.mcp.sessions import SessionEnvs
+    from muarl.mcp.tokens import AUTH_ENV, CONTROL_ENV, read_token
 
-    control = _token(CONTROL_ENV, args.control_token_file, "--control-token-file")
-    auth = _token(AUTH_ENV, args.auth_token_file, "--auth-token-file")
+    control = read_token(CONTROL_ENV, args.control_token_file, "--control-token-file")
+    auth = read_token(AUTH_ENV, args.auth_token_file, "--auth-token-file")
+    SessionEnvs.check_limits(args.max_sessions, args.idle_timeout)  # all before the domain loads
     if args.transport == "http":
-        check_exposure(args.host, auth)  # before the domain loads
+        check_exposure(args.host, auth)
     domain = get_domain(args.domain)  # unknown names fail here with the list of known domains
     if args.size is not None or args.seed is not None:
         domain = domain.with_database(seed=args.seed, size=args.size)
     if args.transport == "stdio":
-        serve_stdio(domain, control_token=control)
+        serve_stdio(domain, control_token=control, max_sessions=args.max_sessions, idle_timeout=args.idle_timeout)
     else:
-        serve_http(domain, host=args.host, port=args.port, max_sessions=args.max_sessions, control_token=control,
-                   auth_token=auth)
+        serve_http(domain, host=args.host, port=args.port, max_sessions=args.max_sessions,
+                   idle_timeout=args.idle_timeout, control_token=control, auth_token=auth,
+                   allowed_hosts=tuple(args.allowed_host))
     return 0

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from muarl.mcp.stdio import REAP_WAIT, TERM_GRACE, ServerProcess, stdio_transport
+from muarl.mcp.tokens import AUTH_ENV as AUTH_ENV  # re-exported: where the client's callers look for them
+from muarl.mcp.tokens import CONTROL_ENV, tokens_for
 
 T = TypeVar("T")
 
@@ -42,9 +44,6 @@ T = TypeVar("T")
 ERROR_META = "muarl/error"
 #: The ``_meta`` key a controller presents its control token in (see :mod:`muarl.mcp.server`).
 CONTROL_META = "muarl/control"
-#: Environment variables: the control token of ``muarl serve-mcp`` and the bearer token of its HTTP endpoint.
-CONTROL_ENV = "MUARL_MCP_CONTROL_TOKEN"
-AUTH_ENV = "MUARL_MCP_AUTH_TOKEN"
 #: The per-session folder: a placeholder in a stdio server's command, env values and cwd, and an env var.
 EPISODE_DIR = "{episode_dir}"
 EPISODE_ENV = "MUARL_EPISODE_DIR"
@@ -79,14 +78,15 @@ class ServerSpec:
         """``http(s)://host:port/mcp`` is a URL; anything else is a command line (split like a shell).
 
         A URL takes its tokens from this process's environment (``MUARL_MCP_CONTROL_TOKEN``,
-        ``MUARL_MCP_AUTH_TOKEN``), so a muarl server started with them can be graded and reached.
+        ``MUARL_MCP_AUTH_TOKEN``) only when it is the URL in ``MUARL_MCP_URL``, the server they belong to
+        (:func:`muarl.mcp.tokens.tokens_for`): any other server gets neither.
         """
         text = text.strip()
         if not text:
             raise ValueError("empty MCP server spec: give a command line or an http(s):// URL")
         if text.startswith(("http://", "https://")):
-            return cls(url=text, control_token=os.environ.get(CONTROL_ENV) or None,
-                       auth_token=os.environ.get(AUTH_ENV) or None)
+            control, auth = tokens_for(text)
+            return cls(url=text, control_token=control, auth_token=auth)
         return cls(command=tuple(shlex.split(text)))
 
     @classmethod

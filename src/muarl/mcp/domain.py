@@ -289,7 +289,8 @@ def mcp_domain(
             raise ValueError(f"MCP server {spec.describe()} lacks tools of domain {base.name}: {', '.join(missing)}")
         if base.user_tools and not muarl_server:
             raise ValueError(f"domain {base.name} has user tools, which only a muarl MCP server can run, for a "
-                             "controller holding its control token (MUARL_MCP_CONTROL_TOKEN)")
+                             "controller holding its control token (MUARL_MCP_CONTROL_TOKEN, sent only to the "
+                             "server in MUARL_MCP_URL)")
         tools = [proxy_tool(t, base=base.agent_tools.get(t.name)) for t in remote if t.name in base.agent_tools]
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Domain)}
         values.update(tools=tools, name=name or base.name, policy=policy or base.policy)

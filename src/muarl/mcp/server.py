@@ -18,27 +18,30 @@ The server is closed to the clients it serves, because one of them may be the ag
   database's hash, who is authenticated), ``muarl_reset`` (start over on a fresh database, with a
   task's context) and ``muarl_user_tool`` (run a user tool of a dual-control domain) are listed to, and
   run for, only a controller that presents the token the server was started with, in ``_meta``:
-  ``{"muarl/control": TOKEN}`` (once presented, the rest of that connection is the controller's). Any other client sees them as unknown tools: an agent cannot act as its
-  own user, erase a mistake or read the grader's hash. A server started without a token has no
+  ``{"muarl/control": TOKEN}`` (once presented, the rest of that connection is the controller's). Any
+  other client sees them as unknown tools: an agent cannot act as its own user, erase a mistake or read
+  the grader's hash. A server started without a token has no
   controller. muarl's MCP domains are controllers (``ServerSpec.control_token``).
-- **HTTP beyond loopback needs a bearer token** (``Authorization: Bearer TOKEN`` on every request);
-  see :func:`serve_http`.
+- **No client can take the server from another.** The session table is bounded by count, idle time
+  and call-log size, and a full table refuses new sessions instead of evicting live ones
+  (:mod:`muarl.mcp.sessions`).
+- **HTTP beyond loopback needs a bearer token** (``Authorization: Bearer TOKEN`` on every request), and
+  the Host/Origin check against DNS rebinding is on for every host (:mod:`muarl.mcp.exposure`); tokens
+  are read and checked by :mod:`muarl.mcp.tokens`.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
-import secrets
 import sys
-from collections import OrderedDict
 from typing import Any
 
 from muarl.domain import Domain
-from muarl.env import Env
-from muarl.mcp.client import AUTH_ENV, CONTROL_META, ERROR_META
+from muarl.mcp.client import CONTROL_META, ERROR_META
+from muarl.mcp.exposure import check_exposure, require_bearer, transport_security
+from muarl.mcp.sessions import IDLE_TIMEOUT, MAX_SESSIONS, SESSION_META, SessionEnvs, SessionRefused
 
 log = logging.getLogger(__name__)
 
@@ -46,82 +49,6 @@ STATE_TOOL = "muarl_state"
 RESET_TOOL = "muarl_reset"
 USER_TOOL = "muarl_user_tool"
 CONTROL_PREFIX = "muarl_"
-SESSION_META = "muarl/session"
-#: the ``_meta["muarl/session"]`` value that asks the server to issue a new session id
-NEW_SESSION = "new"
-#: the owner of ids issued to requests that belong to no connection (session-less clients)
-NO_CONNECTION = "no-connection"
-
-
-class SessionRefused(Exception):
-    """A request names a session it may not use; the message is what the client is told."""
-
-
-class SessionEnvs:
-    """The private env of each session, least recently used first; the oldest go beyond ``max_sessions``.
-
-    A session is a connection (``http:<Mcp-Session-Id>``, ``stdio``) or an id this server issued,
-    bound to the connection it was issued to. HTTP sessions end without telling the tool handler, so
-    envs are bounded by count instead. An env holds only the records its session edited, so even the
-    default 4,096 cost little memory.
-    """
-
-    def __init__(self, domain: Domain, max_sessions: int = 4096):
-        self.domain, self.max_sessions = domain, max_sessions
-        self._envs: OrderedDict[str, Env] = OrderedDict()
-        self._owners: dict[str, str] = {}  # issued id -> the connection it was issued to
-        self._controllers: set[str] = set()  # connections that have presented the control token
-
-    def get(self, key: str) -> Env:
-        env = self._envs.get(key)
-        if env is None:
-            env = self._envs[key] = self.domain.env()
-            while len(self._envs) > self.max_sessions:
-                old, _ = self._envs.popitem(last=False)
-                self._owners.pop(old, None)
-                self._controllers.discard(old)
-        self._envs.move_to_end(key)
-        return env
-
-    def reset(self, key: str, context: dict[str, Any]) -> Env:
-        env = self._envs[key] = self.domain.env(**context)
-        self._envs.move_to_end(key)
-        return env
-
-    def issue(self, connection: str) -> str:
-        """A new unguessable session id, bound to ``connection``, with a fresh database."""
-        key = secrets.token_urlsafe(24)
-        self._owners[key] = connection
-        self.get(key)
-        return key
-
-    def resolve(self, connection: str | None, asked: str | None) -> tuple[str, str | None]:
-        """(the env key of a request, the id to echo in the result's ``_meta`` or None)."""
-        if asked is None:
-            if connection is None:
-                raise SessionRefused(
-                    "Error: this server keeps one database per MCP session, and this request has none: "
-                    f"connect with the initialize handshake, or send _meta {{'{SESSION_META}': '{NEW_SESSION}'}} "
-                    "to be issued a session id, then send that id with every request")
-            return connection, None
-        if asked == NEW_SESSION:
-            issued = self.issue(connection or NO_CONNECTION)
-            return issued, issued
-        owner = self._owners.get(asked) if isinstance(asked, str) else None
-        if owner is None or owner != (connection or NO_CONNECTION) or asked not in self._envs:
-            raise SessionRefused(f"Error: unknown session id: ids are issued by this server (send "
-                                 f"'{NEW_SESSION}') and are valid only on the connection that received them")
-        return asked, asked
-
-    def controller(self, connection: str | None, presented: bool) -> bool:
-        """Whether a request may use the control tools: it presents the token, or its connection did before
-        (so the SDK client's own re-listing of tools, which carries no ``_meta``, sees them too)."""
-        if presented and connection is not None:
-            self._controllers.add(connection)
-        return presented or connection in self._controllers
-
-    def __len__(self) -> int:
-        return len(self._envs)
 
 
 def _control_tools(domain: Domain) -> list[Any]:
@@ -163,11 +90,14 @@ def _meta_value(ctx: Any, key: str) -> Any:
     return meta.get(key) if isinstance(meta, dict) else getattr(meta, key, None)
 
 
+def _connection(ctx: Any) -> Any:
+    # the SDK has no public accessor for the connection of a request; this is the request session's
+    return getattr(ctx.session, "_connection", None)
+
+
 def connection_key(ctx: Any, stdio: bool) -> str | None:
     """The connection a request came on: its HTTP session (issued by the server), the stdio process, or None."""
-    # the SDK has no public accessor for the transport session of a request; this is the connection's
-    connection = getattr(ctx.session, "_connection", None)
-    session_id = getattr(connection, "session_id", None)
+    session_id = getattr(_connection(ctx), "session_id", None)
     if session_id:
         return f"http:{session_id}"
     return "stdio" if stdio else None
@@ -180,15 +110,17 @@ def presents_token(ctx: Any, control_token: str | None) -> bool:
                                                                                    str(control_token).encode())
 
 
-def build_server(domain: Domain, *, stdio: bool, max_sessions: int = 4096, control_token: str | None = None) -> Any:
+def build_server(domain: Domain, *, stdio: bool, max_sessions: int = MAX_SESSIONS,
+                 idle_timeout: float = IDLE_TIMEOUT, control_token: str | None = None) -> Any:
     """An MCP low-level ``Server`` for ``domain`` (run it with :func:`serve_stdio` / :func:`serve_http`).
 
     ``control_token``: the secret a controller presents for the control tools; None: no controller.
+    ``max_sessions``, ``idle_timeout``: the bounds of the session table (:mod:`muarl.mcp.sessions`).
     """
     import mcp_types as types
     from mcp.server import Server
 
-    envs = SessionEnvs(domain, max_sessions)
+    envs = SessionEnvs(domain, max_sessions, idle_timeout)
     listing = list_tools_result(domain)
     agent_listing = types.ListToolsResult(tools=[t for t in listing.tools if not t.name.startswith(CONTROL_PREFIX)])
 
@@ -197,36 +129,56 @@ def build_server(domain: Domain, *, stdio: bool, max_sessions: int = 4096, contr
         return types.CallToolResult(content=[types.TextContent(type="text", text=value)], is_error=error is not None,
                                     meta=meta or None)
 
+    def connection(ctx: Any) -> str | None:
+        key = connection_key(ctx, stdio)
+        envs.watch(key, _connection(ctx))  # its sessions are freed when it ends
+        return key
+
     def controller(ctx: Any) -> bool:
-        return envs.controller(connection_key(ctx, stdio), presents_token(ctx, control_token))
+        return envs.controller(connection(ctx), presents_token(ctx, control_token))
+
+    def state(key: str) -> str:
+        env = envs.get(key)
+        return json.dumps({"hash": env.hash(), "base_hash": domain.database().view().hash(),
+                           "authenticated": env.db.authenticated, "calls": envs.calls(key),
+                           "log_kept": len(env.log), "sessions": len(envs), "domain": domain.name})
+
+    def reset(key: str, args: dict[str, Any]) -> None:
+        context = args.get("context")
+        if context is not None and not isinstance(context, dict):
+            raise ValueError(f"Error: muarl_reset: context must be a JSON object, not {type(context).__name__}")
+        envs.reset(key, context or {})
+
+    def user_call(key: str, args: dict[str, Any]) -> Any:
+        name = args.get("name", "")
+        if not isinstance(name, str):
+            raise ValueError("Error: muarl_user_tool: name must be the name of a user tool")
+        return envs.get(key).call(name, args.get("arguments"), actor="user")
 
     async def on_list_tools(ctx: Any, params: Any) -> Any:
         return listing if controller(ctx) else agent_listing
 
     async def on_call_tool(ctx: Any, params: Any) -> Any:
+        name, args = params.name, params.arguments if params.arguments is not None else {}
         try:
-            key, issued = envs.resolve(connection_key(ctx, stdio), _meta_value(ctx, SESSION_META))
+            key, issued = envs.resolve(connection(ctx), _meta_value(ctx, SESSION_META))
+            control = controller(ctx)
+            if control and name == STATE_TOOL:
+                return text(state(key), session=issued)
+            if control and name == RESET_TOOL:
+                reset(key, args)
+                return text("reset", session=issued)
+            if control and name == USER_TOOL and domain.user_tools:
+                record = user_call(key, args)
+            else:  # a control tool asked for without the token is an unknown tool, like any other name
+                record = envs.get(key).call(name, args)
         except SessionRefused as refused:
             return text(str(refused), "tool_fault")
-        name, args = params.name, params.arguments if params.arguments is not None else {}
-        control = controller(ctx)
-        if control and name == STATE_TOOL:
-            env = envs.get(key)
-            return text(json.dumps({"hash": env.hash(), "base_hash": domain.database().view().hash(),
-                                    "authenticated": env.db.authenticated, "calls": len(env.log),
-                                    "domain": domain.name}), session=issued)
-        if control and name == RESET_TOOL:
-            context = args.get("context") or {}
-            if not isinstance(context, dict):
-                return text("Error: context must be a JSON object", "invalid_arguments", issued)
-            envs.reset(key, context)
-            return text("reset", session=issued)
-        env = envs.get(key)
-        if control and name == USER_TOOL and domain.user_tools:
-            record = env.call(args.get("name", ""), args.get("arguments"), actor="user")
-        else:  # a control tool asked for without the token is an unknown tool, like any other name
-            record = env.call(name, args)
-        return text(record.output, None if record.ok else record.error or "domain", issued)
+        except ValueError as bad:  # malformed control arguments: the caller's mistake, said in one line
+            return text(str(bad), "invalid_arguments")
+        reply = text(record.output, None if record.ok else record.error or "domain", issued)
+        envs.called(key)  # counted, and the log it left bounded, once the reply is built from the record
+        return reply
 
     return Server(f"muarl-{domain.name}", version=_version(), instructions=domain.policy,
                   on_list_tools=on_list_tools, on_call_tool=on_call_tool)
@@ -238,12 +190,14 @@ def _version() -> str:
     return getattr(muarl, "__version__", "0")
 
 
-def serve_stdio(domain: Domain, control_token: str | None = None) -> None:
+def serve_stdio(domain: Domain, control_token: str | None = None, max_sessions: int = MAX_SESSIONS,
+                idle_timeout: float = IDLE_TIMEOUT) -> None:
     """Serve over stdin/stdout until the client closes stdin (stdout carries only protocol messages)."""
     import anyio
     from mcp.server.stdio import stdio_server
 
-    server = build_server(domain, stdio=True, control_token=control_token)
+    server = build_server(domain, stdio=True, max_sessions=max_sessions, idle_timeout=idle_timeout,
+                          control_token=control_token)
 
     async def main() -> None:
         async with stdio_server() as (read, write):
@@ -252,56 +206,51 @@ def serve_stdio(domain: Domain, control_token: str | None = None) -> None:
     anyio.run(main)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
+def without_get_streams(app: Any) -> Any:
+    """Answer HTTP GET (the standalone SSE stream) with 405, as the protocol allows a server without one.
 
-
-def check_exposure(host: str, auth_token: str | None) -> None:
-    """Refuse to listen beyond loopback without a bearer token: anyone who reaches the port could use it."""
-    if not auth_token and not is_loopback(host):
-        raise ValueError(f"--host {host} listens beyond loopback, so serve-mcp requires a bearer token: set "
-                         f"{AUTH_ENV} or give --auth-token-file FILE (clients send 'Authorization: Bearer TOKEN')")
-
-
-def require_bearer(app: Any, token: str) -> Any:
-    """Wrap an ASGI app so that every HTTP request must carry ``Authorization: Bearer TOKEN``."""
-    from starlette.responses import JSONResponse
-
-    expected = f"Bearer {token}".encode()
+    This server never sends a message the client did not ask for, and replies in each POST's body, so the
+    stream carries nothing; but the SDK counts an open GET stream as a request in flight, so a client that
+    holds one would never be idle and its session would never expire. Without it, idle means idle: no
+    request for ``idle_timeout`` seconds.
+    """
+    from starlette.responses import Response
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, expected):
-                refusal = JSONResponse({"error": "unauthorized: send the server's token as 'Authorization: Bearer TOKEN'"},
-                                       status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                await refusal(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["method"] == "GET":
+            await Response("this server offers no SSE stream", status_code=405, headers={"Allow": "POST, DELETE"})(
+                scope, receive, send)
+            return
         await app(scope, receive, send)
 
     return guarded
 
 
-def serve_http(domain: Domain, host: str = "127.0.0.1", port: int = 8000, max_sessions: int = 4096,
-               control_token: str | None = None, auth_token: str | None = None) -> None:
+def serve_http(domain: Domain, host: str = "127.0.0.1", port: int = 8000, max_sessions: int = MAX_SESSIONS,
+               idle_timeout: float = IDLE_TIMEOUT, control_token: str | None = None, auth_token: str | None = None,
+               allowed_hosts: tuple[str, ...] = ()) -> None:
     """Serve over streamable HTTP at ``http://HOST:PORT/mcp`` until interrupted.
 
-    With ``auth_token`` every request must carry it as a bearer token; a ``host`` beyond loopback
-    requires one (anyone who can reach the port could otherwise use the server).
+    With ``auth_token`` every request must carry it as a bearer token; a ``host`` beyond loopback requires
+    one, and the Host/Origin check is on for every host (:mod:`muarl.mcp.exposure`). The SDK's own table
+    of HTTP sessions gets the same ``max_sessions`` and ``idle_timeout`` as muarl's databases: left at its
+    defaults (10,000 sessions, 30 minutes), a client that opens sessions and never closes them would lock
+    the others out long after muarl's limit.
     """
     import uvicorn
 
     check_exposure(host, auth_token)
-    server = build_server(domain, stdio=False, max_sessions=max_sessions, control_token=control_token)
-    app = server.streamable_http_app(host=host, json_response=True)  # plain JSON replies: no SSE stream per call
+    server = build_server(domain, stdio=False, max_sessions=max_sessions, idle_timeout=idle_timeout,
+                          control_token=control_token)
+    app = server.streamable_http_app(json_response=True,  # plain JSON replies: no SSE stream per call
+                                     max_sessions=max_sessions, session_idle_timeout=idle_timeout,
+                                     transport_security=transport_security(host, allowed_hosts))
+    app = without_get_streams(app)
     if auth_token:
         app = require_bearer(app, auth_token)
-    print(f"muarl: serving {domain.name} over MCP at http://{host}:{port}/mcp (bearer token: "
-          f"{'required' if auth_token else 'none'}; control tools: {'token' if control_token else 'off'})",
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
+    print(f"muarl: serving {domain.name} over MCP at {url} (bearer token: {'required' if auth_token else 'none'}; "
+          f"control tools: {'token' if control_token else 'off'}; sessions: at most {max_sessions}, each closed "
+          f"after {idle_timeout:g} s idle); muarl clients send the tokens only to the URL in $MUARL_MCP_URL",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

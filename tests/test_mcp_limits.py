@@ -1,0 +1,385 @@
+"""``muarl serve-mcp`` hardened (issue 33, item 5), against real server processes over real HTTP on loopback.
+
+- no client can evict another's live session: at ``--max-sessions`` new sessions are refused (muarl's
+  databases and the SDK's HTTP sessions alike), and idle ones expire after ``--idle-timeout``;
+- the call log is bounded per session and a session's database is freed when its client disconnects;
+- the tokens in ``$MUARL_MCP_*_TOKEN`` go only to the server in ``$MUARL_MCP_URL``;
+- loopback is 127.0.0.1, ::1 and localhost only, and the Host check against DNS rebinding is on beyond it;
+- short tokens, token files others may write, ``--max-sessions 0`` are refused at start in one line, and a
+  malformed ``muarl_reset`` gets a clean error.
+
+Each test fails on the code before the change (see docs/mcp.md, Tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from muarl.domain import Domain, save_tasks
+from muarl.mcp.sessions import LOG_CHARS, LOG_KEEP
+from muarl.types import Action, Intent, Scenario, Task
+
+PY = sys.executable
+RECORDER = str(Path(__file__).with_name("mcp_recording_server.py"))
+CONTROL = secrets.token_hex(20)
+AUTH = secrets.token_hex(20)
+pytestmark = pytest.mark.slow  # real server processes; about 3 s of start-up each on 2 cores
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    url: str
+    proc: subprocess.Popen[str]
+    log: Path
+
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+
+@contextlib.contextmanager
+def _serve(tmp: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] | None = None,
+           command: list[str] | None = None, port: int | None = None) -> Iterator[Served]:
+    """A server process on a free port of ``host`` (``muarl serve-mcp retail --transport http`` unless
+    ``command``, listening on ``port``, says otherwise), its stderr in a file; stopped with SIGINT afterwards."""
+    port = port or _free_port(host)
+    log = tmp / f"server-{port}.log"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}
+    with log.open("w") as err:
+        proc = subprocess.Popen(command or [PY, "-m", "muarl", "serve-mcp", "retail", "--transport", "http",
+                                            "--host", host, "--port", str(port), *extra],
+                                stderr=err, text=True, env={**base, **(env or {})})
+    served = Served(f"http://{host}:{port}/mcp", proc, log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, served.stderr()
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+        yield served
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def _connect(url: str, token: str | None = None) -> AsyncIterator[Any]:
+    """One connection (one MCP session) of a plain SDK client; it sends DELETE when it closes."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"} if token else {})
+    async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+        yield client
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(b, "text", "") for b in result.content)
+
+
+async def _state(client: Any) -> dict[str, Any]:
+    result = await client.call_tool("muarl_state", {}, meta={"muarl/control": CONTROL})
+    assert not result.is_error, _text(result)
+    return json.loads(_text(result))
+
+
+def _cancel_task(retail: Domain) -> tuple[Action, dict[str, str]]:
+    task = next(t for t in retail.tasks("test") if [a.name for a in t.gold_actions] == ["cancel_pending_order"])
+    cancel = task.gold_actions[0]
+    return cancel, {"order_id": cancel.arguments["order_id"]}
+
+
+async def _status(client: Any, order: dict[str, str], meta: dict[str, str] | None = None) -> str:
+    result = await client.call_tool("get_order_details", order, meta=meta)
+    assert not result.is_error, _text(result)
+    return json.loads(_text(result))["status"]
+
+
+async def _refused(url: str) -> str:
+    """Why a new connection was refused ('' if it was not)."""
+    try:
+        async with _connect(url) as client:
+            await client.list_tools()
+    except Exception as err:  # noqa: BLE001 - whatever the SDK raises for a refused handshake
+        while isinstance(getattr(err, "exceptions", None), tuple):  # anyio's exception groups, to the cause
+            err = err.exceptions[0]
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
+# -- no eviction: a full table refuses ------------------------------------------------------------------------
+def test_at_max_sessions_new_sessions_are_refused_and_live_ones_keep_their_database(tmp_path: Path,
+                                                                                    retail: Domain) -> None:
+    """A client opening sessions up to the limit cannot wipe another's: muarl's table refuses the next id,
+    and the SDK's table (the same --max-sessions) refuses the next connection; a DELETE makes room."""
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(url: str) -> None:
+        async with _connect(url) as victim:
+            assert not (await victim.call_tool(cancel.name, cancel.arguments)).is_error
+            async with _connect(url) as greedy:
+                answers = [await greedy.call_tool("get_order_details", order, meta={"muarl/session": "new"})
+                           for _ in range(3)]  # the victim's database and these: one more than the limit
+                assert await _status(victim, order) == "cancelled", "a live session's database was wiped"
+                assert [a.is_error for a in answers] == [False, False, True]
+                assert "--max-sessions" in _text(answers[2]) and "3 sessions" in _text(answers[2])
+                assert (answers[2].meta or {}).get("muarl/error") == "tool_fault"
+                async with _connect(url) as third:
+                    await third.list_tools()  # the SDK's table: victim, greedy, third = 3
+                    assert "Too many open sessions" in await _refused(url)
+                assert not await _refused(url)  # third's DELETE freed its place
+
+    with _serve(tmp_path, "--max-sessions", "3") as served:
+        asyncio.run(scenario(served.url))
+
+
+def test_idle_sessions_expire_and_free_their_place(tmp_path: Path, retail: Domain) -> None:
+    """--max-sessions 1 --idle-timeout 2: a second client is refused while the first is active, and gets in
+    (with a fresh database) once the first has been idle for longer than the timeout."""
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(url: str) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            idle = await stack.enter_async_context(_connect(url))
+            assert not (await idle.call_tool(cancel.name, cancel.arguments)).is_error
+            assert "Too many open sessions" in await _refused(url)
+            await asyncio.sleep(3.5)
+            async with _connect(url) as late:
+                assert await _status(late, order) == "pending"  # its own database, the idle one's is gone
+            with pytest.raises(Exception, match="(?i)session"):  # the idle session is closed: its id unknown
+                await idle.call_tool("get_order_details", order)
+
+    with _serve(tmp_path, "--max-sessions", "1", "--idle-timeout", "2") as served:
+        asyncio.run(scenario(served.url))
+
+
+def test_issued_session_ids_expire_when_idle(tmp_path: Path, retail: Domain) -> None:
+    """An id issued on a connection that stays active expires on its own after the idle timeout."""
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(url: str) -> None:
+        async with _connect(url) as client:
+            opened = await client.call_tool(cancel.name, cancel.arguments, meta={"muarl/session": "new"})
+            issued = {"muarl/session": (opened.meta or {})["muarl/session"]}
+            assert await _status(client, order, issued) == "cancelled"
+            for _ in range(8):  # the connection stays active (its SDK session lives); the issued id is unused
+                await client.list_tools()
+                await asyncio.sleep(0.5)
+            gone = await client.call_tool("get_order_details", order, meta=issued)
+            assert gone.is_error, "an issued id unused for longer than the idle timeout still has its database"
+            assert "unknown session id" in _text(gone), _text(gone)
+            assert await _status(client, order) == "pending"  # the connection's own database is still there
+
+    with _serve(tmp_path, "--idle-timeout", "2") as served:
+        asyncio.run(scenario(served.url))
+
+
+@pytest.fixture(scope="module")
+def controlled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server with a control token, so that muarl_state reports the table to the tests."""
+    with _serve(tmp_path_factory.mktemp("controlled"), env={"MUARL_MCP_CONTROL_TOKEN": CONTROL}) as served:
+        yield served
+
+
+# -- memory: the log is bounded, a disconnect frees --------------------------------------------------------
+def test_a_disconnect_frees_the_session_and_its_issued_ids(controlled: Served, retail: Domain) -> None:
+    cancel, _ = _cancel_task(retail)
+
+    async def scenario() -> None:
+        async with _connect(controlled.url) as grader:
+            before = (await _state(grader))["sessions"]
+            async with _connect(controlled.url) as client:
+                assert not (await client.call_tool(cancel.name, cancel.arguments)).is_error
+                for _ in range(2):
+                    await client.call_tool(cancel.name, cancel.arguments, meta={"muarl/session": "new"})
+                assert (await _state(grader))["sessions"] == before + 3
+            for _ in range(50):  # the client's DELETE ends its connection; its sessions go with it
+                if (await _state(grader))["sessions"] == before:
+                    break
+                await asyncio.sleep(0.1)
+            assert (await _state(grader))["sessions"] == before, "a closed connection's sessions were kept"
+
+    asyncio.run(scenario())
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+
+
+def test_the_call_log_keeps_the_last_calls_cut_short(controlled: Served) -> None:
+    """40 calls with a 512 KiB argument each: the session keeps the last LOG_KEEP, cut to LOG_CHARS, and
+    the server's memory does not grow by what the client sent (20 MiB)."""
+    big = "x" * (512 * 1024) + "@example.com"
+
+    async def scenario() -> None:
+        async with _connect(controlled.url) as client:
+            await _state(client)
+            for _ in range(3):  # the allocator's first growth, before the measurement
+                await client.call_tool("find_user_id_by_email", {"email": big})
+            start = _rss_kib(controlled.proc.pid)
+            for _ in range(40):
+                refused = await client.call_tool("find_user_id_by_email", {"email": big})
+                assert refused.is_error  # no such user; the output is muarl's error text
+            grown = _rss_kib(controlled.proc.pid) - start
+            assert grown < 8 * 1024, f"the server grew by {grown} KiB over 20 MiB of arguments"
+            state = await _state(client)
+            assert state["calls"] == 43 and state["log_kept"] == LOG_KEEP, state
+
+    asyncio.run(scenario())
+    assert LOG_CHARS <= 4096
+
+
+# -- a malformed control call ---------------------------------------------------------------------------------
+def test_malformed_reset_context_is_one_clean_error(controlled: Served) -> None:
+    async def scenario() -> None:
+        async with _connect(controlled.url) as grader:
+            for context, says in (({"task": 5}, "does not fit domain retail"), ({"self": 1}, "does not fit"),
+                                  ([1, 2], "must be a JSON object")):
+                result = await grader.call_tool("muarl_reset", {"context": context},
+                                                meta={"muarl/control": CONTROL})
+                assert result.is_error and (result.meta or {}).get("muarl/error") == "invalid_arguments", result
+                assert _text(result).startswith("Error: muarl_reset") and says in _text(result)
+                assert len(_text(result).splitlines()) == 1
+            assert not (await grader.call_tool("muarl_reset", {"context": {}},
+                                               meta={"muarl/control": CONTROL})).is_error
+
+    asyncio.run(scenario())
+    assert "Traceback" not in controlled.stderr()
+
+
+# -- tokens go to their own server only -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def recorder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A third-party MCP server (tests/mcp_recording_server.py) that writes down every request it gets."""
+    tmp = tmp_path_factory.mktemp("recorder")
+    port = _free_port()
+    with _serve(tmp, command=[PY, RECORDER, str(port), str(tmp / "requests.jsonl")], port=port) as served:
+        yield served
+
+
+def _received(recorder: Served) -> str:
+    requests = recorder.log.parent / "requests.jsonl"
+    return requests.read_text() if requests.exists() else ""
+
+
+def _note_tasks(path: Path) -> Path:
+    ask = "Please echo hello."
+    save_tasks([Task(id="echo-0", domain="echo", split="test", family="echo", user_id="u",
+                     scenario=Scenario(persona="a tester", intents=[Intent(description=ask, question=ask)]),
+                     instruction=ask, gold_actions=[])], path)
+    return path
+
+
+def test_tokens_go_only_to_the_url_they_are_bound_to(recorder: Served, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``muarl mcp-tools URL`` and an ``mcp:`` config naming a URL send neither token to a server other than
+    $MUARL_MCP_URL (unset, or another server); named there, the server gets both."""
+    from muarl.cli import main
+    from muarl.mcp.config import load_config
+
+    monkeypatch.setenv("MUARL_MCP_CONTROL_TOKEN", CONTROL)
+    monkeypatch.setenv("MUARL_MCP_AUTH_TOKEN", AUTH)
+    config = tmp_path / "echo.json"
+    config.write_text(json.dumps({"server": recorder.url, "tasks": str(_note_tasks(tmp_path / "tasks.json"))}))
+    for bound in (None, f"http://127.0.0.1:{_free_port()}/mcp"):
+        if bound is None:
+            monkeypatch.delenv("MUARL_MCP_URL", raising=False)
+        else:
+            monkeypatch.setenv("MUARL_MCP_URL", bound)
+        assert main(["mcp-tools", recorder.url, "--json", "--timeout", "20"]) == 0
+        said = capsys.readouterr()
+        assert [t["name"] for t in json.loads(said.out)] == ["echo"]
+        domain = load_config(config)
+        assert [t.name for t in domain.tools] == ["echo"]
+        received = _received(recorder)
+        assert received.count('"method": "POST"') >= 4  # both clients were heard
+        assert AUTH not in received and CONTROL not in received, "a token went to a server it does not belong to"
+        if bound is None:  # said once per URL
+            assert f"not sending $MUARL_MCP_CONTROL_TOKEN and $MUARL_MCP_AUTH_TOKEN to {recorder.url}" in said.err
+    monkeypatch.setenv("MUARL_MCP_URL", recorder.url.replace("http://", "HTTP://") + "/")  # the same endpoint
+    assert main(["mcp-tools", recorder.url, "--json", "--timeout", "20"]) == 0
+    received = _received(recorder)
+    assert f"Bearer {AUTH}" in received and CONTROL in received  # the bound server gets both
+
+
+# -- loopback, the Host check, refusals at start --------------------------------------------------------------
+SHORT = "short-token"
+
+
+@pytest.mark.parametrize("case", ["127.0.0.2", "0:0:0:0:0:0:0:1", "short bearer", "short control",
+                                  "writable token file", "max-sessions 0"])
+def test_refused_at_start_in_one_line(case: str, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(AUTH)
+    token_file.chmod(0o666)
+    args, env, says = {
+        "127.0.0.2": (["--host", "127.0.0.2"], {}, "--host 127.0.0.2 is not loopback"),
+        "0:0:0:0:0:0:0:1": (["--host", "0:0:0:0:0:0:0:1"], {}, "is not loopback"),
+        "short bearer": ([], {"MUARL_MCP_AUTH_TOKEN": SHORT}, "$MUARL_MCP_AUTH_TOKEN: the token has 11 characters"),
+        "short control": ([], {"MUARL_MCP_CONTROL_TOKEN": SHORT}, "fewer than 32"),
+        "writable token file": (["--auth-token-file", str(token_file)], {}, "group or others may write"),
+        "max-sessions 0": (["--max-sessions", "0"], {}, "--max-sessions 0"),
+    }[case]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}
+    try:
+        done = subprocess.run([PY, "-m", "muarl", "serve-mcp", "retail", "--transport", "http", "--port",
+                               str(_free_port()), *args], capture_output=True, text=True, timeout=30,
+                              env={**base, **env})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve-mcp started with {case}")
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_host_check_is_on_beyond_loopback(tmp_path: Path) -> None:
+    """``--host 127.0.0.2`` with a bearer token (from a private file): a request with the right bearer but a
+    foreign Host (a DNS-rebinding page) or Origin is refused; the server's own name is served."""
+    import httpx2
+
+    token_file = tmp_path / "token"
+    token_file.write_text(AUTH)
+    token_file.chmod(0o600)
+    with _serve(tmp_path, "--auth-token-file", str(token_file), host="127.0.0.2") as served:
+        port = served.url.split(":")[2].split("/")[0]
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+
+        def post(**headers: str) -> int:
+            return httpx2.post(served.url, json=hello, timeout=30, headers={
+                "Authorization": f"Bearer {AUTH}", "Accept": "application/json, text/event-stream", **headers}
+            ).status_code
+
+        assert post(Host=f"evil.example:{port}") == 421
+        assert post(Origin="http://evil.example") == 403
+        assert post() == 200
