@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from muarl.train.grpo import preset, train_grpo
+from muarl.train.grpo import train_grpo
+from muarl.train.grpo_config import preset
 
 TESTS = Path(__file__).parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
@@ -69,7 +70,9 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
     the trainer's own pre-update log-probs being 1. Computed by hand from the trainer's log-probs."""
     from muarl.algorithms import get_algorithm
     from muarl.models import load
-    from muarl.train.grpo import GRPOConfig, policy_update, sequence_logprobs
+    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_update import policy_update
+    from muarl.train.scoring import sequence_logprobs
     from train_fixtures import sample_coin_batch
 
     batch = sample_coin_batch()  # the tiny model's episodes, its log-probs stored at sampling time
@@ -151,3 +154,21 @@ def test_the_trainer_takes_groups_in_finishing_order_and_drops_those_too_stale()
     taken = stream.take(2, min_version=stream.version - 1)
     assert [item.version for item in taken.groups] == [2, 3] and taken.dropped == 2
     assert taken.staleness == [1, 0] and stream.budget == budget + 2 and not stream.finished
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_fills_each_step_with_informative_groups_from_the_stream(tmp_path):
+    """DAPO's refill on the stream: all-alike groups are discarded as they arrive (counted) and replaced, so
+    every trained group of every step has a learning signal; the data position counts what was consumed."""
+    # pairs: half of the coin domain's groups of two score alike, so the stream does deal all-alike groups
+    result = train_grpo(_config(tmp_path / "run", steps=5, group_size=2, max_staleness=1, dynamic_sampling=True,
+                                max_rollout_batches=4), progress=False)
+    metrics = result["metrics"]
+    assert sum(m["uninformative_groups"] for m in metrics) > 0
+    for step, episodes in _rollouts(tmp_path / "run").items():
+        groups: dict[int, list[float]] = {}
+        for e in episodes:
+            groups.setdefault(e["metadata"]["group"], []).append(e["reward"]["reward"])
+        assert all(len(set(r)) > 1 for r in groups.values()), (step, groups)
+    assert all(m["tasks_played"] == m["trained_groups"] + m["dropped_groups"] + m["uninformative_groups"]
+               for m in metrics)
