@@ -39,7 +39,7 @@ def mismatch(path: Path, dtype: str, args: argparse.Namespace) -> dict[str, floa
     from transformers import AutoModelForCausalLM
 
     from muarl.policies.vllm import VLLMPolicy
-    from muarl.train.grpo import sequence_logprobs
+    from muarl.train.scoring import sequence_logprobs
 
     domain = get_domain(args.domain)
     policy = VLLMPolicy(str(path), dtype=dtype, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed)

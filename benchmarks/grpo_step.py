@@ -45,13 +45,9 @@ from rich.console import Console
 from rich.table import Table
 
 from muarl.algorithms import get_algorithm
-from muarl.train.grpo import (
-    GRPOConfig,
-    reference_logprobs,
-    shared_opening,
-    skipped_sequences,
-    update_on_rollouts,
-)
+from muarl.train.grpo_config import GRPOConfig
+from muarl.train.grpo_update import skipped_sequences, update_on_rollouts
+from muarl.train.scoring import reference_logprobs, shared_opening
 
 SHAPES = {
     "smollm2-size": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -139,7 +135,7 @@ def tau2_rollouts(vocab: int, groups: int, size: int, system: int, length: int) 
 
 def with_advantages(model: Any, groups: list[list[list[int]]], device: str) -> list[tuple[Rollout, float]]:
     """Sampling log-probs from ``model`` itself, and advantages: mixed groups +-1, the other half 0."""
-    from muarl.train.grpo import batch_logprobs
+    from muarl.train.scoring import batch_logprobs
 
     batch = []
     for g, members in enumerate(groups):

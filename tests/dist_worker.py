@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from muarl.train.distributed import params_digest
-from muarl.train.grpo import preset as grpo_preset
 from muarl.train.grpo import train_grpo
+from muarl.train.grpo_config import preset as grpo_preset
 from muarl.train.sft import preset as sft_preset
 from muarl.train.sft import train_sft
 

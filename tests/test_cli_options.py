@@ -18,7 +18,7 @@ import pytest
 
 from muarl.cli import build_parser
 from muarl.cli.config_options import given
-from muarl.train.grpo import GRPOConfig
+from muarl.train.grpo_config import GRPOConfig
 from muarl.train.pretrain import PretrainConfig
 from muarl.train.sft import SFTConfig
 
@@ -85,7 +85,8 @@ def test_left_out_options_keep_the_preset_and_given_ones_reach_the_config() -> N
     from muarl.cli.grpo import grpo_config
     from muarl.cli.pretrain import pretrain_config
     from muarl.cli.sft import sft_config
-    from muarl.train import grpo, sft
+    from muarl.train import grpo_config as grpo
+    from muarl.train import sft
 
     parser = build_parser()
     assert grpo_config(parser.parse_args(["grpo", "--out", "o"])) == dataclasses.replace(grpo.PRESETS["tiny"],

@@ -367,8 +367,9 @@ def test_a_run_in_which_every_episode_faults_fails_clearly(retail: Domain, tmp_p
 def test_grpo_masks_every_fault_kind_from_the_gradient(tmp_path: Path, monkeypatch) -> None:
     """A policy fault (here at close, after the episode's tokens were sampled) is neither a simulator nor an
     MCP tool fault; GRPO must still keep it out of the update."""
-    import muarl.train.grpo as grpo
     from muarl.policies.hf import HFPolicy
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
 
     made = []
 
@@ -387,9 +388,9 @@ def test_grpo_masks_every_fault_kind_from_the_gradient(tmp_path: Path, monkeypat
             return session
 
     monkeypatch.setattr("muarl.policies.hf.HFPolicy", Flaky)  # what muarl.train.samplers.HFSampler builds
-    config = grpo.preset("tiny", out=str(tmp_path), steps=1, tasks_per_step=2, group_size=2, max_new_tokens=16,
-                         max_turns=2, save_every=0)
-    grpo.train_grpo(config, progress=False)
+    config = preset("tiny", out=str(tmp_path), steps=1, tasks_per_step=2, group_size=2, max_new_tokens=16,
+                    max_turns=2, save_every=0)
+    train_grpo(config, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     faulted = [r for r in rows if r["metadata"].get("fault")]
     assert len(rows) == 4 and len(faulted) == 2

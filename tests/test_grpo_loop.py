@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from muarl.models import load
-from muarl.train.grpo import preset, sequence_logprobs, train_grpo
+from muarl.train.grpo import train_grpo
+from muarl.train.grpo_config import preset
+from muarl.train.scoring import sequence_logprobs
 from train_fixtures import sample_coin_batch
 
 
@@ -53,7 +55,8 @@ def _tiny_model_and_two_episodes():
 
 def test_an_update_raises_the_likelihood_of_positive_advantage_episodes_and_lowers_negative_ones():
     from muarl.algorithms import get_algorithm
-    from muarl.train.grpo import GRPOConfig, policy_update
+    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_update import policy_update
 
     model, reference, good, bad = _tiny_model_and_two_episodes()
 
@@ -87,7 +90,8 @@ def test_several_iterations_reuse_the_rollouts_and_the_clip_bounds_them():
     import copy
 
     from muarl.algorithms import get_algorithm
-    from muarl.train.grpo import GRPOConfig, update_on_rollouts
+    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_update import update_on_rollouts
 
     model, reference, good, bad = _tiny_model_and_two_episodes()
     algorithm = get_algorithm("grpo", kl_beta=0.0)
@@ -143,7 +147,8 @@ def test_micro_batches_give_the_whole_batch_gradient(coin_batch, algorithm):
     import copy
 
     from muarl.algorithms import get_algorithm
-    from muarl.train.grpo import GRPOConfig, policy_update
+    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_update import policy_update
 
     base = load("tiny")[0]
     reference = copy.deepcopy(base).requires_grad_(False)
@@ -173,7 +178,7 @@ def test_penalize_violations_zeroes_the_reward_of_a_rule_breaking_win() -> None:
     from muarl.domain import get_domain
     from muarl.factory import make_policy, make_user
     from muarl.rollout import run_episode
-    from muarl.train.grpo import train_reward
+    from muarl.train.groups import train_reward
 
     domain = get_domain("retail-lite")
     task = next(t for t in domain.tasks("test") if t.family == "cancel_order")
@@ -188,7 +193,7 @@ def test_penalize_violations_zeroes_the_reward_of_a_rule_breaking_win() -> None:
 
 
 def test_violation_reward_without_penalizing_is_refused() -> None:
-    from muarl.train.grpo import GRPOConfig
+    from muarl.train.grpo_config import GRPOConfig
 
     with pytest.raises(ValueError, match="--penalize-violations"):
         GRPOConfig(violation_reward=-1.0)
@@ -207,7 +212,8 @@ def test_dynamic_sampling_plays_more_tasks_until_the_update_is_full():
     """DAPO refill: all-equal groups are dropped and the next tasks played, until tasks_per_step groups
     carry a learning signal or max_rollout_batches are spent; the cursor (data position) moves with it."""
     from muarl.domain import get_domain
-    from muarl.train.grpo import GRPOConfig, collect_groups
+    from muarl.train.groups import collect_groups
+    from muarl.train.grpo_config import GRPOConfig
 
     order = get_domain("retail").tasks("train")[:10]
     mixed = {order[i].id for i in (3, 5, 6, 7, 9)}  # tasks whose group has one success in four
@@ -248,7 +254,7 @@ def test_dynamic_sampling_plays_more_tasks_until_the_update_is_full():
 
 
 def test_grpo_configs_that_cannot_run_fail_with_the_option_name():
-    from muarl.train.grpo import GRPOConfig
+    from muarl.train.grpo_config import GRPOConfig
 
     for bad, word in (({"tasks_per_step": 0}, "tasks_per_step"), ({"max_rollout_batches": 0}, "max_rollout_batches"),
                       ({"group_size": -1}, "group_size"), ({"temperature": 0.0}, "temperature"),

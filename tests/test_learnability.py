@@ -21,7 +21,8 @@ import torch
 
 from muarl.domain import get_domain, register
 from muarl.models import load
-from muarl.train.grpo import preset, train_grpo
+from muarl.train.grpo import train_grpo
+from muarl.train.grpo_config import preset
 from muarl.types import Reward
 
 STEPS = 4

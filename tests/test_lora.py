@@ -10,7 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from muarl.models import load
-from muarl.train.grpo import GRPOConfig, batch_logprobs, policy_update, preset, train_grpo
+from muarl.train.grpo import train_grpo
+from muarl.train.grpo_config import GRPOConfig, preset
+from muarl.train.grpo_update import policy_update
+from muarl.train.scoring import batch_logprobs
 from muarl.train.weights import load_trainable, reference_mode, trainable_parameters
 from train_fixtures import sample_coin_batch
 

@@ -17,7 +17,9 @@ import torch
 from muarl.algorithms import LossBatch, get_algorithm
 from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
 from muarl.models import load
-from muarl.train.grpo import GRPOConfig, sequence_logprobs, update_on_rollouts
+from muarl.train.grpo_config import GRPOConfig
+from muarl.train.grpo_update import update_on_rollouts
+from muarl.train.scoring import sequence_logprobs
 from train_fixtures import sample_coin_batch
 
 
@@ -235,7 +237,8 @@ def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path
     synced weights. A recording wrapper around the real transformers sampler stands in for the engine:
     no sleeping engine can run here (tests/test_vllm.py drives vLLM's own sleep and wake on the CPU build)."""
     from muarl.train import grpo as grpo_module
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.train.samplers import HFSampler
 
     events: list[tuple[str, float]] = []
@@ -274,7 +277,8 @@ def test_a_rollout_engine_on_other_weights_is_warned_once(tmp_path, monkeypatch,
     other weights are real: muarl's own engine on a copy of the model with noised weights, never synced.
     A run whose engine is the trainer's model says nothing."""
     from muarl.train import grpo as grpo_module
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.train.samplers import HFSampler
 
     def config(out):

@@ -22,7 +22,7 @@ from muarl.evaluate import FAULT_COLUMNS, evaluate
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.policies.expert import ExpertPolicy
 from muarl.rollout import EpisodeConfig
-from muarl.train.grpo import rollout_metrics
+from muarl.train.groups import rollout_metrics
 from muarl.types import Message, Task
 from muarl.users.base import UserSession
 from muarl.users.scripted import ScriptedUser

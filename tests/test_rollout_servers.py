@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from muarl.train.grpo import GRPOConfig
-from muarl.train.samplers import server_endpoints
+from muarl.train.engine_spec import server_endpoints
+from muarl.train.grpo_config import GRPOConfig
 
 
 def _dead_port() -> int:

@@ -17,7 +17,9 @@ import torch
 
 from muarl.algorithms import get_algorithm
 from muarl.models import load
-from muarl.train.grpo import GRPOConfig, batch_logprobs, checkpointing, policy_update, set_checkpointing
+from muarl.train.grpo_config import GRPOConfig
+from muarl.train.grpo_update import checkpointing, policy_update, set_checkpointing
+from muarl.train.scoring import batch_logprobs
 from muarl.train.shared_prefix import common_prefix, record_prefix
 
 

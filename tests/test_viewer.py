@@ -311,7 +311,8 @@ def test_evaluation_tables_show_every_metric_and_task(eval_run):
 @pytest.mark.slow
 def test_a_real_grpo_run_shows_its_step_groups_curves_and_tokens(tmp_path):
     """What ``muarl grpo`` itself writes (rollouts/step_*.jsonl, metrics.jsonl, model/) is read as is."""
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
 
     out = tmp_path / "grpo"
     train_grpo(preset("tiny", out=str(out), steps=1, tasks_per_step=2, group_size=2, max_new_tokens=12,

@@ -70,7 +70,7 @@ def _spans(traj) -> list[list[int]]:
 
 def _recomputed(model, traj, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(trainer's log-probs, stored engine log-probs) at the trajectory's sampled positions."""
-    from muarl.train.grpo import sequence_logprobs
+    from muarl.train.scoring import sequence_logprobs
 
     with torch.no_grad():
         current, _ = sequence_logprobs(model, traj.token_ids, temperature)
@@ -85,7 +85,7 @@ def _engine_scores(policy, ids: list[int], lora=None) -> torch.Tensor:
 
 
 def _trainer_scores(model, ids: list[int]) -> torch.Tensor:
-    from muarl.train.grpo import sequence_logprobs
+    from muarl.train.scoring import sequence_logprobs
 
     with torch.no_grad():
         return sequence_logprobs(model, ids, 1.0)[0]
@@ -362,7 +362,8 @@ def test_the_server_spec_fails_in_one_line(vllm_server):
 # -- weight sync after a GRPO step ---------------------------------------------------------------------
 def _grpo_step(model, reference, good, bad, lr: float = 1e-3) -> None:
     from muarl.algorithms import get_algorithm
-    from muarl.train.grpo import GRPOConfig, policy_update
+    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_update import policy_update
     from muarl.train.weights import trainable_parameters
 
     config = GRPOConfig(lr=lr, weight_decay=0.0, kl_beta=0.0)
@@ -597,7 +598,8 @@ def _grpo_keeps_the_engine_in_step(out, lora_r: int, engine: str, **options) -> 
     import json
 
     from muarl.models import load
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.types import Trajectory
 
     config = preset("tiny", out=str(out), domain="train_fixtures:coin", steps=3, tasks_per_step=2,
@@ -657,7 +659,8 @@ def test_one_server_is_the_rollout_engine_and_a_frozen_llm_user(vllm_server, tmp
 
     from muarl.policies.vllm import LORA_NAME
     from muarl.policies.vllm_server import ServerError
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.types import Trajectory
     from muarl.users.llm import LLMUser
     from train_fixtures import coin
@@ -707,7 +710,8 @@ def test_a_server_on_another_checkpoint_is_refused_before_the_first_step(vllm_se
     from muarl.models import load
     from muarl.policies.vllm import LORA_NAME
     from muarl.policies.vllm_server import ServerError
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
 
     other, tokenizer = load("tiny")
     generator = torch.Generator().manual_seed(0)
@@ -772,7 +776,8 @@ def test_a_resumed_run_starts_its_engine_on_the_checkpoint(tmp_path, lora_r):
     import json
 
     from muarl.models import load
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.types import Trajectory
 
     def config(steps: int):
@@ -807,7 +812,8 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
 
     from muarl.faults import AllEpisodesFaulted
     from muarl.train import grpo as grpo_module
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.train.samplers import EngineFailed
     from muarl.users.base import UserSimulator
 
@@ -959,7 +965,8 @@ def test_grpo_spreads_its_groups_over_two_servers_and_syncs_both_after_every_upd
     import json
 
     from muarl.models import load
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
 
     servers = {f"vllm-server:{url}/v1#tiny" for url in (vllm_server, second_server.url)}
     out = tmp_path / "run"
@@ -1001,7 +1008,8 @@ def test_one_of_two_servers_killed_mid_run_stops_it_in_one_line_naming_it_and_a_
     import signal
 
     from muarl.train import grpo as grpo_module
-    from muarl.train.grpo import preset, train_grpo
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
     from muarl.train.samplers import EngineFailed
     from muarl.users.base import UserSimulator
 

@@ -53,7 +53,7 @@ def _play(domain_name: str, policy, tasks, group_size: int, max_turns: int, seed
 
 
 def _write_step(out: Path, step: int, groups: list[list[Trajectory]]) -> None:
-    from muarl.train.grpo import rollout_metrics
+    from muarl.train.groups import rollout_metrics
 
     rewards = torch.tensor([[t.reward.reward for t in g] for g in groups])
     adv = get_algorithm("grpo").advantages(rewards)
@@ -64,7 +64,7 @@ def _write_step(out: Path, step: int, groups: list[list[Trajectory]]) -> None:
                 traj.metadata.update(step=step, group=g, member=m, advantage=float(adv[g, m]), trained=True)
                 f.write(traj.model_dump_json() + "\n")
     with (out / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"step": step, **rollout_metrics(groups)}) + "\n")
+        f.write(json.dumps({"step": step, **rollout_metrics(groups, get_domain(groups[0][0].domain).general_tools)}) + "\n")
 
 
 def build_training_run(out: Path) -> Path:

@@ -62,6 +62,10 @@ class Domain:
     narrow: Callable[[Domain, Task], Domain] | None = None
     #: who plays the tasks when the scripted user is asked for (tasks whose user turns are data)
     scripted_user: UserSimulator | None = None
+    #: the agent tools that are domain-independent helpers (a scratchpad, a calculator, a hand-off to a human),
+    #: not the domain's own business: GRPO logs each one's agent calls per episode as ``calls_<name>`` (the
+    #: paper's training dynamics), which core code cannot know by name. None by default
+    general_tools: tuple[str, ...] = ()
     #: whether writes need an authenticated user (reported as a violation otherwise)
     requires_auth: bool = True
     #: the built-in domain this one is a narrowed view of (same world, fewer tools, shorter policy), so

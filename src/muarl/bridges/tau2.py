@@ -44,6 +44,8 @@ DOMAINS: dict[str, tuple[str, str]] = {
 WORLD = "_tau2_world"
 #: the task set of tau2's that the bridge plays (tau2's ``get_tasks(TASK_SET)``)
 TASK_SET = "base"
+#: tau2's domain-independent helper tools, the same as muarl's built-in domains offer (``Domain.general_tools``)
+GENERAL_TOOLS = ("think", "calculate", "transfer_to_human_agents")
 
 
 def _import_tau2(module: str) -> Any:
@@ -220,6 +222,7 @@ def load(name: str) -> Domain:
         description=f"tau2-bench {name} (tau2's tools, policy, tasks and evaluator)",
         policy=env.get_policy(),
         tools=_tools(env.tools, "agent", frozenset(IDENTIFY[name])),
+        general_tools=GENERAL_TOOLS,
         user_tools=user_tools,
         build_db=lambda seed, size: tables_of(env.tools.db, user_db),
         build_tasks=build_tasks,

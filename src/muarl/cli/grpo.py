@@ -14,7 +14,7 @@ HELP = "GRPO with the simulated user in every rollout"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muarl.train.grpo import PRESETS, GRPOConfig
+    from muarl.train.grpo_config import PRESETS, GRPOConfig
 
     options.preset(p, PRESETS, "tiny", "paper (group 8, 32 tasks/step, lr 1e-6 ...) or tiny")
     options.training(p, GRPOConfig, PRESETS, required=("out",))
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def grpo_config(args: argparse.Namespace) -> Any:
     """The :class:`~muarl.train.grpo.GRPOConfig` a parsed ``muarl grpo`` command line asks for: the preset
     with the options that were given."""
-    from muarl.train.grpo import GRPOConfig, preset
+    from muarl.train.grpo_config import GRPOConfig, preset
 
     return preset(args.preset, **given(args, GRPOConfig))
 

@@ -69,3 +69,5 @@ def transfer_to_human_agents(db: DBView, summary: str) -> str:
 
 
 COMMON_TOOLS = [calculate, think, transfer_to_human_agents]
+#: their names, each built-in domain's ``Domain.general_tools`` (in the order GRPO logs their calls)
+GENERAL_TOOLS = ("think", "calculate", "transfer_to_human_agents")

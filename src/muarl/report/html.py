@@ -23,12 +23,13 @@ from muarl.report.tokens import PrefixTable, find_tokenizer, vocab
 COMPRESS_ABOVE = 256 * 1024  # bytes of JSON; smaller blobs stay readable in the page source
 # the paper's training dynamics first, in the order the paper discusses them; any other numeric
 # metric gets a chart of its own after these
-PANELS: list[tuple[str, list[str]]] = [
+# (a panel's keys may be a prefix instead: every metric that starts with it, in the order they were logged)
+PANELS: list[tuple[str, list[str] | str]] = [
     ("reward", ["reward"]),
     ("groups all correct / all wrong", ["all_correct_groups", "all_wrong_groups"]),
     ("turns per episode", ["turns"]),
     ("response tokens per episode", ["response_tokens"]),
-    ("general tool calls per episode", ["calls_think", "calls_calculate", "calls_transfer_to_human_agents"]),
+    ("general tool calls per episode", "calls_"),  # the domain's general tools (Domain.general_tools)
     ("KL to reference (k3)", ["kl"]),
     ("entropy", ["entropy"]),
     ("loss", ["loss"]),
@@ -55,7 +56,8 @@ def charts(metrics: list[dict[str, Any]]) -> list[str]:
                if k not in SKIP_CURVES and any(_is_num(m.get(k)) for m in metrics)]
     out, used = [], set()
     for title, keys in PANELS:
-        present = [k for k in keys if k in numeric]
+        present = ([k for k in numeric if k.startswith(keys)] if isinstance(keys, str)
+                   else [k for k in keys if k in numeric])
         if present:
             used.update(present)
             out.append(line_chart(title, x, {k: [_num(m.get(k)) for m in metrics] for k in present}))

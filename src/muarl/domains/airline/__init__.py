@@ -15,6 +15,7 @@ from muarl.domains.airline.tasks import build_tasks
 from muarl.domains.airline.teacher import AirlineTeacher
 from muarl.domains.airline.tools import TOOLS
 from muarl.domains.airline.user_script import AirlineUserScript
+from muarl.domains.common import GENERAL_TOOLS
 
 _HERE = Path(__file__).parent
 
@@ -34,6 +35,7 @@ DOMAIN = Domain(
     ),
     policy=(_HERE / "policy.md").read_text(),
     tools=TOOLS,
+    general_tools=GENERAL_TOOLS,
     build_db=build_db,
     build_tasks=build_tasks,
     owner_of=owner_of,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from muarl.domain import Domain, register
+from muarl.domains.common import GENERAL_TOOLS
 from muarl.domains.retail.data import build_db
 from muarl.domains.retail.tasks import build_tasks
 from muarl.domains.retail.teacher import RetailTeacher
@@ -26,6 +27,7 @@ DOMAIN = Domain(
     description="Online store: authenticate, then cancel or modify pending orders, return or exchange delivered items.",
     policy=(_HERE / "policy.md").read_text(),
     tools=TOOLS,
+    general_tools=GENERAL_TOOLS,
     build_db=build_db,
     build_tasks=build_tasks,
     owner_of=owner_of,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from muarl.domain import Domain, register
+from muarl.domains.common import GENERAL_TOOLS
 
 from .data import build_db
 from .tasks import build_tasks
@@ -38,6 +39,7 @@ DOMAIN = Domain(
     ),
     policy=Path(__file__).with_name("policy.md").read_text(),
     tools=TOOLS,
+    general_tools=GENERAL_TOOLS,
     user_tools=USER_TOOLS,
     build_db=build_db,
     build_tasks=build_tasks,

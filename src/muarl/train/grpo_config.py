@@ -1,0 +1,192 @@
+"""The GRPO run's settings (:class:`GRPOConfig`), their checks and the named presets.
+
+Every option of ``muarl grpo`` is a field here, its help text in the field's metadata (the command line is
+generated from it, :mod:`muarl.cli.config_options`); a config that cannot run is refused when it is built,
+naming the option, rather than as a tensor error mid-step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig
+from muarl.train import RunSettings, from_preset
+from muarl.train.engine_spec import SERVER, check_user_beside_policy, server_endpoints
+
+
+@dataclass
+class GRPOConfig(RunSettings):
+    """GRPO settings; the defaults are the paper's released script (see :data:`PRESETS`)."""
+
+    model: str = field(default="tiny", metadata={
+        "help": "the starting checkpoint (normally the SFT output; a directory, Hub id, tiny or smollm2); also "
+                "the KL reference"})
+    domain: str = field(default="retail", metadata={"help": "domain name (see `muarl domains`) or module:attr"})
+    split: str = field(default="train", metadata={"help": "task split to train on"})
+    user: str = field(default="scripted", metadata={"help": "scripted | llm:URL#MODEL | module:attr"})
+    out: str = field(default="runs/grpo", metadata={"help": "run directory: model/, metrics.jsonl, config.json"})
+    steps: int = field(default=25, metadata={"help": "optimizer steps (each plays a batch of rollouts)"})
+    tasks_per_step: int = field(default=32, metadata={"help": "training tasks played per step"})
+    group_size: int = field(default=8, metadata={
+        "help": "episodes per task, one user seed per group: the group whose rewards give the advantages"})
+    algorithm: str = field(default="grpo", metadata={
+        "help": "grpo, or dr_grpo (Dr.GRPO: advantages not divided by the group's std, each sequence's loss "
+                "over a constant length)",
+        "choices": ["grpo", "dr_grpo"]})
+    lr: float = field(default=1e-6, metadata={"help": "learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "the optimizer's weight decay"})
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+    clip_low: float = field(default=0.2, metadata={"help": "PPO clip below: the ratio's floor is 1 - this"})
+    clip_high: float = field(default=0.2, metadata={
+        "help": "PPO clip above: the ratio's ceiling is 1 + this (DAPO's clip-higher raises it)"})
+    kl_beta: float = field(default=0.001, metadata={
+        "help": "weight of the k3 KL term against the reference (0: off, and no reference pass)"})
+    temperature: float = field(default=1.0, metadata={
+        "help": "sampling temperature (also scales the trained log-probs)"})
+    max_new_tokens: int = field(default=1024, metadata={"help": "sampled tokens per assistant turn"})
+    max_turns: int = field(default=30, metadata={"help": "tool executions + user replies per episode"})
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO: leave all-equal groups out of the update and play more tasks instead (see "
+                "--max-rollout-batches)"})
+    max_rollout_batches: int = field(default=4, metadata={
+        "help": "with --dynamic-sampling: play up to this many batches of --tasks-per-step tasks per step to "
+                "fill the update with groups that have a learning signal"})
+    mask_sim_faults: bool = field(default=True, metadata={
+        "help": "leave every faulted episode (user, policy, tool, timeouts: muarl.faults) out of the gradient"})
+    # time limits of one user turn, agent turn, tool call (seconds; None: none): a hit is a masked fault
+    user_timeout: float | None = field(default=USER_TIMEOUT_S, metadata={
+        "help": "time limit of one user turn (device actions included); past it the episode is a fault (0: no "
+                "limit)", "metavar": "SECONDS"})
+    agent_timeout: float | None = field(default=AGENT_TIMEOUT_S, metadata={
+        "help": "time limit of one agent turn; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+    tool_timeout: float | None = field(default=TOOL_TIMEOUT_S, metadata={
+        "help": "time limit of one tool call; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+    user_http_timeout: float | None = field(default=None, metadata={
+        "help": "llm: users: seconds one HTTP request to the user's endpoint may take before it is retried "
+                "(default: the LLM user's, 60)", "metavar": "SECONDS"})
+    user_max_tokens: int | None = field(default=None, metadata={
+        "help": "llm: users: the most tokens one user message may take (default: the server's limit)",
+        "metavar": "N"})
+    penalize_violations: bool = field(default=False, metadata={
+        "help": "train on --violation-reward for an episode that broke a policy rule, even if its database is "
+                "right (the paper's reward is the database alone; the CPU demo penalizes)"})
+    # the training reward of a rule-breaking episode when penalized: 0 only equals it with a plain failure, so
+    # a group of failures gives no signal against the rule; below 0 it does
+    violation_reward: float = field(default=0.0, metadata={
+        "help": "with --penalize-violations: the reward of a rule-breaking episode (below 0 it also ranks under "
+                "a plain failure, so all-failed groups still teach the rule)"})
+    # DAPO's overlong filtering: episodes cut at the per-turn token limit stay out of the gradient (they still
+    # count, as failures, in their group's advantages), so their run-on tokens cannot dominate the token-mean
+    mask_truncated: bool = field(default=False, metadata={
+        "help": "leave episodes cut at the per-turn token limit out of the gradient (DAPO's overlong "
+                "filtering); they still count as failures in their group's advantages"})
+    # None: by need, see set_checkpointing (never on the CPU; on a GPU when the micro-batch's activations
+    # would not fit well)
+    gradient_checkpointing: bool | None = field(default=None, metadata={
+        "help": "recompute activations in backward (default: by need; never on the CPU)"})
+    shared_prefix: bool = field(default=True, metadata={
+        "help": "compute the batch's shared opening (the system turn) once in the reference pass and the "
+                "update; same result, less work (--no-shared-prefix: every sequence whole)"})
+    skip_zero_advantage: bool = field(default=True, metadata={
+        "help": "no forward or backward for zero-advantage sequences whose KL term is 0, which changes nothing "
+                "(--no-skip-zero-advantage: run them too)"})
+    zero_advantage_kl: float = field(default=0.0, metadata={
+        "help": "also skip zero-advantage sequences whose kl_beta * mean KL is at most this (an approximation; "
+                "0: only exact skips)"})
+    micro_batch_size: int = field(default=8, metadata={
+        "help": "sequences per forward/backward in the update (the gradient is the whole batch's)"})
+    num_iterations: int = field(default=1, metadata={
+        "help": "optimizer steps on each step's rollouts (GRPO's mu); above 1 the rollouts are reused and the "
+                "clip bounds each step"})
+    # truncated importance sampling against the rollout-training mismatch (muarl.algorithms.mismatch)
+    tis_cap: float = field(default=0.0, metadata={
+        "help": "truncated importance sampling against the rollout-training mismatch: ratio against the "
+                "trainer's pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 "
+                "is the published choice (0: off). The mismatch is logged either way (mismatch_kl, "
+                "mismatch_outside)", "metavar": "C"})
+    # asynchronous GRPO (muarl.train.async_rollouts): episodes keep being played while the trainer updates
+    max_staleness: int = field(default=0, metadata={
+        "help": "asynchronous rollouts: groups are played on the newest synced weights while the trainer "
+                "updates, and a step takes finished groups at most N updates old, the policy term weighed by "
+                "the truncated importance ratio (--tis-cap, 2 unless set); 0: sample, then update (docs/training.md)",
+        "metavar": "N"})
+    # a vLLM engine's weights are synced to the trainer's after each update
+    rollout_engine: str = field(default="hf", metadata={
+        "help": "what samples the rollouts: muarl's transformers engine (hf) or vLLM, whose weights follow the "
+                "trainer's after every update (LoRA: the adapter reloaded in place; full: the weights pushed "
+                "in): in this process (vllm, needs `muarl[vllm]`) or a running vLLM server "
+                "(vllm-server:URL#MODEL, MODEL its --served-model-name; no vLLM needed here), or several: "
+                "vllm-server:URL1#M,URL2#M (whole groups to the least busy, all synced); docs/vllm.md",
+        "metavar": "{hf,vllm,vllm-server:URL#MODEL}"})
+    vllm_gpu_memory: float = field(default=0.3, metadata={
+        "help": "with --rollout-engine vllm on a GPU the trainer shares: the share of its memory vLLM's weights "
+                "and KV cache take"})
+    # vLLM's sleep mode, level 1
+    vllm_sleep: bool = field(default=False, metadata={
+        "help": "with --rollout-engine vllm on a GPU: the engine sleeps through each update (weights offloaded "
+                "to CPU memory, KV cache freed) and wakes for the weight sync (vLLM's sleep mode; not on the CPU "
+                "build)"})
+    vllm_sync_dir: str | None = field(default=None, metadata={
+        "help": "with --rollout-engine vllm-server:...: the directory the synced weights or adapter are written "
+                "to for the server to load (default: a temporary one; a server on another machine needs a "
+                "shared one)", "metavar": "DIR"})
+    save_every: int = field(default=5, metadata={
+        "help": "steps between checkpoints in OUT/checkpoints/step_N (0: only at the end; "
+                "muarl.train.checkpoint)"})
+
+    def __post_init__(self) -> None:
+        """A config that cannot run fails here, with the option's name, not as a tensor error mid-step."""
+        self.check_sharding()
+        for name in ("steps", "tasks_per_step", "group_size", "max_rollout_batches", "max_new_tokens", "max_turns",
+                     "micro_batch_size", "num_iterations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GRPO {name} must be at least 1 (got {getattr(self, name)})")
+        if self.temperature <= 0 or self.lr <= 0:
+            raise ValueError(f"GRPO samples and learns: temperature and lr must be above 0 "
+                             f"(got {self.temperature}, {self.lr})")
+        self.episode_config()  # refuses a negative time limit, naming its option
+        if self.violation_reward != 0.0 and not self.penalize_violations:
+            raise ValueError("GRPO violation_reward applies only with penalize_violations "
+                             "(--violation-reward needs --penalize-violations)")
+        if self.tis_cap < 0:
+            raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
+        if self.max_staleness < 0:
+            raise ValueError(f"--max-staleness must be 0 (synchronous) or more, not {self.max_staleness}")
+        if self.max_staleness and self.tis_cap == 0:
+            self.tis_cap = 2.0  # stale tokens are weighed by the truncated ratio to their behaviour log-probs
+        if self.max_staleness and (self.fsdp or self.rollout_engine != "hf"):
+            raise ValueError("--max-staleness runs with muarl's own engine (--rollout-engine hf) and without "
+                             "--fsdp for now")
+        if self.rollout_engine.startswith(SERVER):
+            server_endpoints(self.rollout_engine)  # a malformed URL#MODEL[,...]: one line (no connection yet)
+            check_user_beside_policy(self)
+        elif self.rollout_engine not in ("hf", "vllm"):
+            raise ValueError(f"--rollout-engine must be hf, vllm or {SERVER}URL#MODEL, not {self.rollout_engine!r}")
+        if self.vllm_sleep and self.rollout_engine != "vllm":
+            raise ValueError("--vllm-sleep puts an engine in this process to sleep: it needs --rollout-engine vllm")
+        if self.vllm_sync_dir is not None and not self.rollout_engine.startswith(SERVER):
+            raise ValueError(f"--vllm-sync-dir is where a vLLM server reads synced weights: it needs "
+                             f"--rollout-engine {SERVER}URL#MODEL")
+        if not 0 < self.vllm_gpu_memory <= 1:
+            raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
+        if self.user_http_timeout is not None and self.user_http_timeout <= 0:
+            raise ValueError(f"--user-http-timeout must be above 0 seconds, not {self.user_http_timeout:g}")
+        if self.user_max_tokens is not None and self.user_max_tokens < 1:
+            raise ValueError(f"--user-max-tokens must be at least 1 (got {self.user_max_tokens})")
+
+    def episode_config(self) -> EpisodeConfig:
+        """The episodes' settings: the paper's training ones (required outputs not graded) and the limits."""
+        return EpisodeConfig(max_turns=self.max_turns, require_outputs=False, user_timeout=self.user_timeout or None,
+                             agent_timeout=self.agent_timeout or None, tool_timeout=self.tool_timeout or None)
+
+
+PRESETS: dict[str, GRPOConfig] = {
+    "paper": GRPOConfig(),
+    "tiny": GRPOConfig(steps=10, tasks_per_step=4, group_size=4, lr=1e-4, max_new_tokens=128, max_turns=12),
+}
+
+
+def preset(name: str, **overrides: Any) -> GRPOConfig:
+    """The preset ``name`` (:data:`PRESETS`) with the ``overrides`` given (None keeps the preset's value)."""
+    return from_preset(PRESETS, name, "GRPO", **overrides)
