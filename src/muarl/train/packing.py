@@ -112,7 +112,7 @@ def segment_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     """
     if segments is None:
         if kwargs.get("shared_prefix") is not None:  # the rollout engine's cascade attention
-            from muarl.policies.hf import shared_prefix_attention
+            from muarl.policies.batched_generator import shared_prefix_attention
 
             return shared_prefix_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -1,0 +1,599 @@
+"""The transformers generation engine under :class:`~muarl.policies.hf.HFPolicy`: dynamic batching across
+episodes, KV cache kept between turns, the shared opening attended to once.
+
+Every episode waiting for the agent joins one running decode batch at the next token step (it does not
+wait for the batch to drain), and leaves it when it stops. Each episode keeps its own KV cache between
+turns, so a new turn prefills only the tokens appended since the last one: every token of a
+conversation goes through the model at most once. The opening prompt's shared prefix (the system turn
+with policy and tool schemas, identical for every episode of a domain, most of a short conversation)
+is computed once, kept once, and attended to once per step for the whole batch (cascade attention). The
+model runs in a worker thread so the event loop keeps serving users and tools (an LLM user's HTTP call
+overlaps with other episodes' decoding).
+
+Rows are batched by left-padding their caches to a common width; a boolean column mask per row marks
+real tokens (admission prefills several requests in one pass, leaving masked holes where a row adds
+fewer tokens than its bucket's longest), and positions are passed explicitly for the rotary embeddings.
+Kept apart from the policy (chat rendering, parsing, sessions) because it knows nothing of chats: it
+turns token ids into sampled token ids and their log-probs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+ATTENTION = "muarl_shared_prefix"
+
+
+@dataclass
+class SharedPrefix:
+    """KV of a prompt prefix that many sequences share (the system turn: policy + tool schemas).
+
+    Rows that use it keep only their own tokens in their cache; attention reads the prefix once per step
+    for the whole batch instead of once per row ("cascade" attention). ``use`` marks the rows (of the
+    current forward pass) that sit on the prefix.
+    """
+
+    tokens: list[int]
+    kv: KV  # per layer: keys, values of shape [kv_heads, prefix_length, head_dim]
+    use: torch.Tensor | None = None
+
+
+def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            shared_prefix: SharedPrefix | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention over [shared prefix ; each row's own cache], combined exactly with a joint softmax.
+
+    Without a shared prefix this is plain SDPA. ``query`` is [rows, heads, q, dim]; ``key`` / ``value``
+    hold each row's own tokens; ``attention_mask`` (bool, True = attend) covers those only.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if shared_prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    kp, vp = shared_prefix.kv[module.layer_idx]
+    rows, heads, q, dim = query.shape
+    kv_heads, size = kp.shape[0], key.shape[2]
+    group = heads // kv_heads
+    # grouped-query layout: [rows, kv_heads, group*q, dim] is a view of [rows, heads, q, dim], so the
+    # kv heads never need repeating
+    query = (query * (scaling if scaling is not None else dim ** -0.5)).reshape(rows, kv_heads, group * q, dim)
+
+    def kv_major(t: torch.Tensor) -> torch.Tensor:  # [rows, kv_heads, n, x] -> [kv_heads, rows*n, x]
+        return t.transpose(0, 1).reshape(kv_heads, -1, t.shape[-1])
+
+    def row_major(t: torch.Tensor) -> torch.Tensor:  # the inverse
+        return t.view(kv_heads, rows, group * q, t.shape[-1]).transpose(0, 1)
+
+    # the big part: every row and query against the prefix, one pass per kv head, so the prefix is read
+    # once for the whole batch; it yields the partial output and its log-sum-exp
+    out_pre, lse_pre = _prefix_part(kv_major(query), kp, vp)  # [kv_heads, n, dim], [kv_heads, n, 1]
+    if shared_prefix.use is not None and not bool(shared_prefix.use.all()):
+        lse_pre.view(kv_heads, rows, group * q).masked_fill_(~shared_prefix.use.view(1, rows, 1), float("-inf"))
+    # the small part: each row against its own tokens
+    own = torch.matmul(query, key.transpose(-1, -2)).view(rows, kv_heads, group, q, size)
+    if attention_mask is not None:
+        own = own.masked_fill(~attention_mask.bool().view(rows, 1, 1, q, size), float("-inf"))
+    elif q > 1:  # causal among the new tokens, which are the last q of this row's own tokens
+        own = own.masked_fill(~torch.ones(q, size, dtype=torch.bool, device=query.device).tril(size - q),
+                              float("-inf"))
+    own = own.view(rows, kv_heads, group * q, size)
+    # one softmax over both parts
+    lse_pre = row_major(lse_pre)
+    top = torch.maximum(lse_pre, own.amax(-1, keepdim=True))
+    weight_pre = (lse_pre - top).exp()
+    own = (own - top).exp()
+    total = weight_pre + own.sum(-1, keepdim=True)
+    out = (weight_pre * row_major(out_pre) + torch.matmul(own, value)) / total
+    return out.reshape(rows, heads, q, dim).transpose(1, 2).contiguous(), None
+
+
+def _prefix_part(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of [heads, n, dim] queries over a [heads, length, dim] prefix: (output, logsumexp).
+
+    Uses PyTorch's fused CPU flash-attention kernel, which returns the log-sum-exp the combination needs;
+    falls back to plain matmuls where that kernel is unavailable (other devices, other torch versions).
+    """
+    if query.device.type == "cpu":
+        try:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0), 0.0, False, scale=1.0)
+            return out[0], lse[0].unsqueeze(-1)
+        except (RuntimeError, AttributeError):
+            pass
+    scores = torch.matmul(query, kp.transpose(-1, -2))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.matmul((scores - lse).exp(), vp), lse
+
+
+def _enable_shared_prefix(model: Any) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, shared_prefix_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
+
+
+def _buffered_cache(model: Any, kv: KV | None, room: int, length: int | None = None) -> Any:
+    """A transformers cache whose layers append into preallocated buffers.
+
+    The stock ``DynamicCache`` concatenates the whole cache with every new token (and copies it once
+    more when built from tensors): O(length) memory traffic per token per layer, which dominates decode
+    time and doubles peak memory for a 64-row batch. Writing in place into a buffer with ``room`` spare
+    positions (grown by doubling when full) makes an append O(1). With ``length`` the tensors in ``kv``
+    already are such buffers (their first ``length`` positions filled) and are used as they are, not
+    copied: the decode batch builds them directly when rows join or leave (:meth:`BatchedGenerator._join`).
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__()
+            if length is None:
+                b, h, n, d = keys.shape
+                self._k = keys.new_empty(b, h, n + room, d)
+                self._v = values.new_empty(b, h, n + room, values.shape[3])
+                self._k[:, :, :n], self._v[:, :, :n] = keys, values
+            else:
+                n, self._k, self._v = length, keys, values
+            self.length, self.dtype, self.device, self.is_initialized = n, keys.dtype, keys.device, True
+            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            end = self.length + key_states.shape[-2]
+            if end > self._k.shape[2]:
+                grow = max(2 * self._k.shape[2], end)
+                self._k = torch.cat([self.keys, self._k.new_empty(*self._k.shape[:2], grow - self.length,
+                                                                  self._k.shape[3])], dim=2)
+                self._v = torch.cat([self.values, self._v.new_empty(*self._v.shape[:2], grow - self.length,
+                                                                    self._v.shape[3])], dim=2)
+            self._k[:, :, self.length:end], self._v[:, :, self.length:end] = key_states, value_states
+            self.length = end
+            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+    cache = DynamicCache(config=model.config)
+    if kv:
+        cache.layers = [BufferLayer(k, v) for k, v in kv]
+    return cache
+
+
+@dataclass
+class TokenSequence:
+    """One episode's token state: every id so far, and the KV cache of all but the last sampled one.
+
+    When ``shared`` the first ``offset`` ids live in the engine's shared prefix and ``cache`` holds only
+    the KV of the ids after it.
+    """
+
+    generator: torch.Generator
+    ids: list[int] = field(default_factory=list)
+    cache: KV | None = None
+    started: bool = False
+    shared: bool = False
+    offset: int = 0
+
+    @property
+    def cached(self) -> int:
+        return self.offset + (0 if self.cache is None else int(self.cache[0][0].shape[2]))
+
+
+@dataclass
+class _Row:
+    """A sequence inside the running decode batch."""
+
+    seq: TokenSequence
+    future: asyncio.Future
+    max_new: int
+    pending: int  # the sampled token not yet fed to the model
+    sampled: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+@dataclass
+class _Request:
+    seq: TokenSequence
+    new_ids: list[int]
+    max_new: int
+    future: asyncio.Future
+    prefix_len: int = 0
+
+
+class BatchedGenerator:
+    """The shared engine: a queue of requests and one decode batch that requests join and leave."""
+
+    def __init__(self, model: Any, stop_ids: set[int], temperature: float, top_p: float, max_batch: int):
+        self.model = model
+        self.stop_ids = stop_ids
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_batch = max_batch
+        self.device = next(model.parameters()).device
+        self.queue: list[_Request] = []
+        #: the decode batch's rows; None is a free slot (a row that finished), which the next row to join
+        #: takes over, so that rows leaving and joining copy one row's cache, not the whole batch's
+        self.rows: list[_Row | None] = []
+        self.cache: Any = None  # the decode batch's cache: buffered layers, rows left-padded (see ``batch``)
+        self.mask: torch.Tensor | None = None  # [rows, length] bool: which cache columns hold a real token
+        self.wakeup: asyncio.Event | None = None
+        self.runner: asyncio.Task | None = None
+        self.tokens_computed = 0  # positions run through the model (prefill + decode)
+        self.tokens_reused = 0  # positions served from the shared prefix instead of being recomputed
+        self.prefix_computed = 0  # of tokens_computed, those spent computing the shared prefix itself
+        self.decode_steps = 0
+        self.prefill_passes = 0
+        self.slot_fills = 0  # rows that joined into a free slot (one row's copy)
+        self.rebuilds = 0  # times the whole decode buffer was rebuilt (every live row's copy)
+        #: False: every join and every finished row rebuilds the batch (copies every row's cache), as
+        #: engines without slot reuse do; kept so the rollout benchmark can measure what reuse saves
+        self.reuse_slots = True
+        #: event-loop rounds to wait before admitting, so the episodes released by the last step (tool
+        #: calls, user replies, rendering: a few awaits each) join in one batched prefill, not one by one
+        self.settle = 8
+        #: the system turn every episode of a domain opens with (policy + tool schemas: most of a prompt),
+        #: computed once and attended to by all rows at once; the first opening request sets it
+        self.prefix: SharedPrefix | None = None
+        #: held around each pass of the model (admission prefill, decode step): asynchronous GRPO swaps the
+        #: weights under it, between two passes (muarl.train.async_rollouts)
+        self.lock: Any = contextlib.nullcontext()
+        _enable_shared_prefix(model)
+
+    @property
+    def batch(self) -> KV | None:
+        """Per layer (K, V) of the decode batch, [rows, heads, length, dim]: views of ``cache``'s buffers."""
+        return None if self.cache is None else [(layer.keys, layer.values) for layer in self.cache.layers]
+
+    async def generate(self, seq: TokenSequence, new_ids: list[int], max_new: int,
+                       prefix_len: int = 0) -> tuple[list[int], list[float], str]:
+        """Append ``new_ids`` to the sequence and sample up to ``max_new`` tokens (stops at end of turn).
+
+        ``prefix_len`` (opening turns only) says how many leading tokens are a prefix other episodes
+        share, typically the system turn.
+        """
+        loop = asyncio.get_running_loop()
+        if self.wakeup is None or self.runner is None or self.runner.done():
+            if self.runner is not None and self.runner.done() and not self.runner.cancelled():
+                self.runner.result()  # surface a crash of the previous runner
+            self.wakeup = asyncio.Event()
+            self.runner = loop.create_task(self._run())
+        future = loop.create_future()
+        self.queue.append(_Request(seq, new_ids, max_new, future, prefix_len))
+        self.wakeup.set()
+        return await future
+
+    async def _run(self) -> None:
+        assert self.wakeup is not None
+        try:
+            while True:
+                if not self.rows and not self.queue:
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                for _ in range(self.settle):  # let episodes whose turn just ended queue their next request
+                    await asyncio.sleep(0)
+                if self.queue and self._live() < self.max_batch:
+                    take = self.queue[: self.max_batch - self._live()]
+                    del self.queue[: len(take)]
+                    await asyncio.to_thread(self._locked, self._admit, take)
+                    self._release_finished()  # a turn can end on its first token
+                if self.rows:
+                    await asyncio.to_thread(self._locked, self._decode_step)
+                    self._release_finished()
+        except Exception as err:  # fail every waiting episode loudly rather than hang them
+            for item in [r for r in self.rows if r is not None] + self.queue:
+                if not item.future.done():
+                    item.future.set_exception(err)
+            self.rows, self.queue, self.mask, self.cache = [], [], None, None
+            raise
+
+    def _locked(self, work: Any, *args: Any) -> None:
+        with self.lock:
+            work(*args)
+
+    # -- model work (worker thread) -----------------------------------------------------------------
+    @torch.no_grad()
+    def _admit(self, requests: list[_Request]) -> None:
+        """Prefill the new tokens of many requests in a few batched forward passes, sample each one's first
+        token, and add them to the decode batch.
+
+        Requests are bucketed by how many tokens they add; inside a bucket each row's new tokens are
+        right-aligned, and the columns a shorter row does not fill are masked holes in its cache.
+        """
+        pending: list[tuple[_Request, list[int]]] = []
+        for req in requests:
+            seq = req.seq
+            seq.ids.extend(req.new_ids)
+            if not seq.started:
+                seq.started = True
+                self._attach_prefix(seq, req.prefix_len)
+            pending.append((req, seq.ids[seq.cached:]))
+        pending.sort(key=lambda item: len(item[1]))
+        bucket: list[tuple[_Request, list[int]]] = []
+        for item in pending:
+            alone = item[0].seq.cache is None and not item[0].seq.shared  # holes need a real key before them
+            if bucket and (alone or len(item[1]) > 1.5 * len(bucket[0][1]) + 16):
+                self._prefill(bucket)
+                bucket = []
+            bucket.append(item)
+            if alone:
+                self._prefill(bucket)
+                bucket = []
+        if bucket:
+            self._prefill(bucket)
+
+    def _prefill(self, bucket: list[tuple[_Request, list[int]]]) -> None:
+        seqs = [req.seq for req, _ in bucket]
+        width = max(len(new) for _, new in bucket)
+        own = [0 if s.cache is None else int(s.cache[0][0].shape[2]) for s in seqs]
+        longest = max(own)
+        pad = self.model.config.pad_token_id or 0
+        inputs = torch.tensor([[pad] * (width - len(new)) + new for _, new in bucket], device=self.device)
+        mask = torch.zeros(len(bucket), longest + width, dtype=torch.bool, device=self.device)
+        positions = torch.empty(len(bucket), width, dtype=torch.long, device=self.device)
+        for i, ((_, new), seq, n) in enumerate(zip(bucket, seqs, own, strict=True)):
+            mask[i, longest - n:longest] = True
+            mask[i, longest + width - len(new):] = True
+            start = seq.offset + n
+            positions[i] = torch.arange(start - (width - len(new)), start + len(new)).clamp_(min=start)
+        kv = None
+        if longest:
+            layers = len(next(s.cache for s in seqs if s.cache is not None))
+            kv = []
+            for layer in range(layers):
+                parts = [_pad_or_empty(s.cache, layer, longest, _template(seqs)) for s in seqs]
+                kv.append((torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])))
+        cache = _buffered_cache(self.model, kv, room=width)
+        out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=cache, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, shared_prefix=self._prefix_for(seqs))
+        self.tokens_computed += sum(len(new) for _, new in bucket)
+        self.prefill_passes += 1
+        rows = []
+        tokens, logprobs = self._sample(out.logits[:, -1, :], [s.generator for s in seqs])
+        for (req, _), token, logprob in zip(bucket, tokens, logprobs, strict=True):
+            req.seq.cache = None
+            row = _Row(seq=req.seq, future=req.future, max_new=req.max_new, pending=-1)
+            self._accept(row, token, logprob)
+            rows.append(row)
+        self._join(rows, [(layer.keys, layer.values) for layer in out.past_key_values.layers], mask)
+
+    def _attach_prefix(self, seq: TokenSequence, prefix_len: int, minimum: int = 16) -> None:
+        """Put a new sequence on the shared prefix if it starts with it (the first one creates it)."""
+        if prefix_len < minimum or prefix_len >= len(seq.ids):
+            return
+        if self.prefix is None:
+            tokens = seq.ids[:prefix_len]
+            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
+            self.prefix = SharedPrefix(tokens, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+            self.tokens_computed += prefix_len
+            self.prefix_computed += prefix_len
+        plen = len(self.prefix.tokens)
+        if seq.ids[:plen] == self.prefix.tokens and len(seq.ids) > plen:
+            seq.shared, seq.offset = True, plen
+            self.tokens_reused += plen
+
+    def _prefix_for(self, seqs: list[TokenSequence | None]) -> SharedPrefix | None:
+        """The shared prefix with this forward pass's row mask (free slots: off), or None when no row uses it."""
+        shared = [s is not None and s.shared for s in seqs]
+        if self.prefix is None or not any(shared):
+            return None
+        use = torch.tensor(shared, dtype=torch.bool, device=self.device)
+        return SharedPrefix(self.prefix.tokens, self.prefix.kv, use)
+
+    def _live(self) -> int:
+        return sum(r is not None for r in self.rows)
+
+    def _join(self, rows: list[_Row], kv: KV, mask: torch.Tensor) -> None:
+        """Add rows (their cache and column mask) to the batch.
+
+        When the batch has enough free slots and the new rows are no wider than it, each new row's cache
+        is written into a free slot, right-aligned (one row's copy). Otherwise the batch is rebuilt with
+        them (:meth:`_rebuild`).
+        """
+        free = [i for i, r in enumerate(self.rows) if r is None]
+        if (self.reuse_slots and self.mask is not None and len(free) >= len(rows)
+                and mask.shape[1] <= self.mask.shape[1]):
+            self._fill(free[: len(rows)], rows, kv, mask)
+            self.slot_fills += len(rows)
+            return
+        self._rebuild(rows, kv, mask)
+
+    def _rebuild(self, rows: Sequence[_Row] = (), kv: KV | None = None, mask: torch.Tensor | None = None) -> None:
+        """A new decode buffer holding the live rows and then ``rows`` (whose cache is ``kv``, columns
+        ``mask``), each copied once, right-aligned, with room to grow: free slots are dropped, and so are
+        leading columns no live row uses. (Not concatenated, then copied again into a buffer: with wide
+        KV caches these copies are most of a rollout's time.)"""
+        self.rebuilds += 1
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        parts: list[list[tuple[list[torch.Tensor], list[torch.Tensor]]]] = []  # per source, per layer: K and V
+        masks: list[torch.Tensor] = []
+        if live:
+            assert self.batch is not None and self.mask is not None
+            trim = int(self.mask[live].any(dim=0).nonzero()[0])
+            parts.append([(_row_runs(k[:, :, trim:], live), _row_runs(v[:, :, trim:], live)) for k, v in self.batch])
+            masks.append(self.mask[live, trim:])
+        if kv is not None and mask is not None:
+            parts.append([([k], [v]) for k, v in kv])
+            masks.append(mask)
+        width = max(m.shape[1] for m in masks)
+        buffers = [(_stack_left_padded([t for source in parts for t in source[layer][0]], width, DECODE_ROOM),
+                    _stack_left_padded([t for source in parts for t in source[layer][1]], width, DECODE_ROOM))
+                   for layer in range(len(parts[0]))]
+        self.cache = _buffered_cache(self.model, buffers, room=0, length=width)
+        self.mask = torch.cat([_pad_mask(m, width) for m in masks])
+        self.rows = [self.rows[i] for i in live] + list(rows)
+
+    def _fill(self, slots: list[int], rows: list[_Row], kv: KV, mask: torch.Tensor) -> None:
+        """Write new rows into free slots of the decode buffer, right-aligned at its current length."""
+        assert self.cache is not None and self.mask is not None
+        width, n = self.mask.shape[1], mask.shape[1]
+        index = torch.tensor(slots, device=self.device)
+        for layer, (k, v) in zip(self.cache.layers, kv, strict=True):
+            for buffer, new in ((layer._k, k), (layer._v, v)):
+                buffer[index, :, : width - n] = 0  # masked, but never garbage (0 * inf would be NaN)
+                buffer[index, :, width - n: width] = new
+        self.mask[index] = _pad_mask(mask, width)
+        for slot, row in zip(slots, rows, strict=True):
+            self.rows[slot] = row
+
+    @torch.no_grad()
+    def _decode_step(self) -> None:
+        self._compact()
+        live = [i for i, r in enumerate(self.rows) if r is not None and r.finish is None]
+        if not live:
+            return
+        assert self.cache is not None and self.mask is not None
+        rows = [r for r in self.rows if r is not None]
+        # a free slot decodes a pad token over its stale columns (its own new column keeps the softmax
+        # finite); nothing of it is sampled or kept
+        mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
+        inputs = torch.tensor([[max(r.pending, 0) if r else 0] for r in self.rows], device=self.device)
+        offsets = torch.tensor([r.seq.offset if r else 0 for r in self.rows], device=self.device)
+        positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
+        # the cache is built when rows join or leave, then appended to in place
+        out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
+                         position_ids=positions, use_cache=True,
+                         shared_prefix=self._prefix_for([r.seq if r else None for r in self.rows]))
+        self.mask = mask
+        self.tokens_computed += len(live)
+        self.decode_steps += 1
+        logits = out.logits[:, -1, :]
+        if len(rows) < len(self.rows):
+            logits = logits[[i for i, r in enumerate(self.rows) if r is not None]]
+        tokens, logprobs = self._sample(logits, [r.seq.generator for r in rows])
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            if row.finish is None:
+                self._accept(row, token, logprob)
+
+    def _accept(self, row: _Row, token: int, logprob: float) -> None:
+        if row.pending >= 0:
+            row.seq.ids.append(row.pending)  # the fed token is now part of the cache
+        row.sampled.append(token)
+        row.logprobs.append(logprob)
+        row.pending = token
+        if token in self.stop_ids:
+            row.finish = "stop"
+        elif len(row.sampled) >= row.max_new:
+            row.finish = "length"
+
+    def _sample(self, logits: torch.Tensor, generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
+        logits = logits.float()
+        temperature = self.temperature if self.temperature > 0 else 1.0
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        if self.temperature <= 0:
+            tokens = logits.argmax(dim=-1)
+        else:
+            probs = logp.exp()
+            if self.top_p < 1.0:
+                sorted_p, order = probs.sort(dim=-1, descending=True)
+                drop = sorted_p.cumsum(dim=-1) - sorted_p > self.top_p
+                sorted_p[drop] = 0.0
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+            # inverse-CDF sampling: one uniform draw from each episode's own generator (so an episode's
+            # samples do not depend on who shares its batch), then one batched search
+            u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+            cdf = probs.cumsum(dim=-1)
+            u = u * cdf[:, -1]
+            tokens = torch.searchsorted(cdf, u.unsqueeze(-1)).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+        chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens.tolist(), chosen.tolist()
+
+    def _release_finished(self) -> None:
+        """Hand finished rows their results and (hole-free) cache, and free their slots in the batch.
+
+        A freed slot stays in the buffer for the next row to join (their episodes usually come back for
+        their next turn before the next decode step); :meth:`_compact` drops the slots nobody took.
+        """
+        done = [i for i, r in enumerate(self.rows) if r is not None and r.finish is not None]
+        if not done:
+            return
+        batch = self.batch
+        assert batch is not None and self.mask is not None
+        for i in done:
+            row, cols = self.rows[i], self.mask[i].nonzero().squeeze(1)
+            assert row is not None
+            row.seq.cache = [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in batch]  # gathers copy
+            row.seq.ids.append(row.pending)  # the stop token: in the ids, not yet in the cache
+            if not row.future.done():
+                row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
+            self.rows[i] = None
+        if all(r is None for r in self.rows):
+            self.rows, self.mask, self.cache = [], None, None
+
+    def _compact(self) -> None:
+        """Before a decode step: when more than a quarter of the batch's slots are free (their episodes
+        ended, or wait on a slow user or tool), rebuild the batch from its live rows. A few free slots
+        cost less decode work than copying every row. Without slot reuse, any free slot is dropped."""
+        free = sum(r is None for r in self.rows)
+        if free > (0.25 if self.reuse_slots else 0.0) * len(self.rows):
+            self._rebuild()
+
+
+def _template(seqs: list[TokenSequence]) -> KV:
+    """A cache of some sequence in ``seqs``: the shapes and dtypes for rows that have none yet."""
+    return next(s.cache for s in seqs if s.cache is not None)
+
+
+def _pad_or_empty(cache: KV | None, layer: int, width: int, like: KV) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's cache for one layer, left-padded to ``width`` (all padding when it has none)."""
+    if cache is None:
+        k, v = like[layer]
+        return (k.new_zeros(1, k.shape[1], width, k.shape[3]), v.new_zeros(1, v.shape[1], width, v.shape[3]))
+    return _pad(cache[layer][0], width), _pad(cache[layer][1], width)
+
+
+def _row_runs(t: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:
+    """Views of ``t`` holding ``rows`` (sorted), one per run of consecutive rows: selected without a copy."""
+    runs: list[torch.Tensor] = []
+    start = prev = rows[0]
+    for r in rows[1:] + [-1]:
+        if r != prev + 1:
+            runs.append(t[start:prev + 1])
+            start = r
+        prev = r
+    return runs
+
+
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    return mask if missing == 0 else torch.cat([mask.new_zeros(mask.shape[0], missing), mask], dim=1)
+
+
+#: spare positions a decode buffer is built with (it doubles when full)
+DECODE_ROOM = 256
+
+
+def _stack_left_padded(parts: list[torch.Tensor], width: int, room: int) -> torch.Tensor:
+    """[rows, heads, length, dim] tensors stacked by rows, each right-aligned at ``width`` (zeros to its
+    left, like :func:`_pad`), into a new buffer with ``room`` unset positions after ``width``."""
+    rows = sum(t.shape[0] for t in parts)
+    first = parts[0]
+    out = first.new_empty(rows, first.shape[1], width + room, first.shape[3])
+    row = 0
+    for t in parts:
+        n = t.shape[2]
+        out[row:row + t.shape[0], :, :width - n].zero_()
+        out[row:row + t.shape[0], :, width - n:width] = t
+        row += t.shape[0]
+    return out
+
+
+def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad a [rows, heads, length, dim] cache tensor with zeros to ``width`` positions."""
+    missing = width - t.shape[2]
+    if missing == 0:
+        return t
+    return torch.cat([t.new_zeros(t.shape[0], t.shape[1], missing, t.shape[3]), t], dim=2)
