@@ -112,8 +112,7 @@ def shaped_policy(head_dim: int, kv_heads: int, max_new_tokens: int) -> HFPolicy
     """The embedded model's shape with other attention widths, random init, same tokenizer."""
     from transformers import AutoTokenizer
 
-    from muarl.models import tiny_path
-    from muarl.tiny_model import TinyConfig, build
+    from muarl.tiny_model import TinyConfig, build, tiny_path
 
     with tempfile.TemporaryDirectory(prefix="muarl-bench-model-") as folder:
         build(folder, TinyConfig.shaped(head_dim=head_dim, kv_heads=kv_heads),

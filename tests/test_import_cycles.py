@@ -22,8 +22,6 @@ PACKAGE = Path(__file__).parents[1] / "src" / "muarl"
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"muarl.domain", "muarl.env", "muarl.users.base"}),
     frozenset({"muarl.users.script", "muarl.users.scripted"}),
-    frozenset({"muarl.factory", "muarl.models", "muarl.policies.hf", "muarl.policies.vllm",
-               "muarl.policies.vllm_server", "muarl.tiny_model", "muarl.train.weights"}),
     frozenset({"muarl.mcp.config", "muarl.mcp.domain"}),
 }
 

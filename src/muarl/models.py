@@ -22,11 +22,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from muarl.cache import cache_dir
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MUARL_CACHE", Path.home() / ".cache" / "muarl"))
 
 
 def smollm2_path() -> Path:
@@ -55,10 +53,6 @@ def smollm2_path() -> Path:
     return target
 
 
-#: bumped whenever the embedded model's recipe (tokenizer corpus, shape) changes, so caches rebuild
-TINY_VERSION = 2
-
-
 def base_path() -> Path:
     """The shipped cold-start base (``muarl pretrain``'s output, inside the package)."""
     path = Path(__file__).resolve().parent / "base"
@@ -66,18 +60,6 @@ def base_path() -> Path:
         raise FileNotFoundError(f"the shipped base model is missing from {path}: reinstall muarl, or build one with "
                                 "`muarl pretrain --out DIR` and pass DIR/model")
     return path
-
-
-def tiny_path() -> Path:
-    """The embedded tiny model from random weights, built on first use (deterministic: same seed, same
-    weights); its tokenizer is the one every embedded model shares."""
-    target = cache_dir() / f"tiny-{TINY_VERSION}"
-    if not (target / "config.json").exists():
-        from muarl.tiny_model import build
-
-        target.parent.mkdir(parents=True, exist_ok=True)
-        build(target)
-    return target
 
 
 def resolve(name_or_path: str | Path) -> Path:
@@ -89,6 +71,8 @@ def resolve(name_or_path: str | Path) -> Path:
     if str(name_or_path) == "tiny":
         return base_path()
     if str(name_or_path) == "tiny-random":
+        from muarl.tiny_model import tiny_path
+
         return tiny_path()
     path = Path(name_or_path)
     if not (path / "config.json").exists():

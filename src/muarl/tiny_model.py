@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muarl.cache import cache_dir
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
                   "<tool_response>", "</tool_response>"]
 
@@ -139,8 +141,9 @@ def _corpus() -> list[str]:
     import asyncio
 
     from muarl.domain import get_domain
-    from muarl.factory import make_policy, make_user
+    from muarl.policies.expert import ExpertPolicy
     from muarl.rollout import RolloutEngine
+    from muarl.users.scripted import ScriptedUser
 
     texts: list[str] = [CHAT_TEMPLATE]
     for name in CORPUS_DOMAINS:
@@ -149,7 +152,7 @@ def _corpus() -> list[str]:
         texts += [json.dumps(t.spec.openai_schema()) for t in domain.tools + domain.user_tools]
         tasks = domain.tasks("train")
         texts += [t.instruction for t in tasks]
-        engine = RolloutEngine(domain, make_policy("expert"), make_user("scripted"), progress=False)
+        engine = RolloutEngine(domain, ExpertPolicy(), ScriptedUser(), progress=False)
         for (trajectory,) in asyncio.run(engine.run(tasks)):
             for m in trajectory.messages[1:]:
                 texts.append(f"<|im_start|>{m.role}\n{m.content}<|im_end|>")
@@ -172,6 +175,20 @@ def train_tokenizer(vocab_size: int) -> Any:
                                    bos_token=None, unk_token=None)
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+#: bumped whenever the embedded model's recipe (tokenizer corpus, shape) changes, so caches rebuild
+TINY_VERSION = 2
+
+
+def tiny_path() -> Path:
+    """The embedded tiny model from random weights, built on first use (deterministic: same seed, same
+    weights); its tokenizer is the one every embedded model shares."""
+    target = cache_dir() / f"tiny-{TINY_VERSION}"
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        build(target)
+    return target
 
 
 def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | None = None,
@@ -221,8 +238,6 @@ def build_shaped(out: str | Path, hidden_size: int, layers: int, heads: int, hea
     """:func:`build` of a model shaped by :meth:`TinyConfig.shaped`, with the tokenizer every embedded model
     shares (the cached ``tiny-random`` model's, trained once): what the demo and ``muarl pretrain`` start from."""
     from transformers import AutoTokenizer
-
-    from muarl.models import tiny_path
 
     shape = TinyConfig.shaped(hidden_size, layers, heads, head_dim, kv_heads, seed)
     return build(out, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=prompt)
