@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from muarl.types import Intent, Task
 from muarl.users.base import Act, UserReply
+from muarl.users.conversation import Goal, ScriptSession
 from muarl.users.phrases import (
     ASK,
     SELF_TALK,
@@ -42,9 +43,6 @@ from muarl.users.phrases import (
     sentences,
     words,
 )
-
-if TYPE_CHECKING:
-    from muarl.users.scripted import Goal, ScriptedSession
 
 #: a ``{fact}`` placeholder in ``Intent.say`` / ``Intent.change_say``
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -96,7 +94,7 @@ def changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
 class UserScript:
     """The generic, scenario-driven script; subclass it to give a domain its own wording and checks.
 
-    Methods receive the episode's :class:`~muarl.users.scripted.ScriptedSession` (its task, known facts,
+    Methods receive the episode's session (:class:`~muarl.users.conversation.ScriptSession`: its known facts,
     facts still withheld, goals, seeded ``rng`` and ``notes`` for per-episode state), so one script
     object serves every episode of a domain and must keep no state of its own.
     """
@@ -142,7 +140,7 @@ class UserScript:
         return bool(intent.action or intent.question or intent.user_actions)
 
     # -- wording ---------------------------------------------------------------------------------------
-    def request(self, session: ScriptedSession, goal: Goal) -> str:
+    def request(self, session: ScriptSession, goal: Goal) -> str:
         """The goal as the user puts it now (the first request until it changed its mind), leaving out
         what it still keeps back."""
         intent = goal.intent
@@ -158,7 +156,7 @@ class UserScript:
             return f"I'd like to {words(intent.action or '')} with {changed(intent.args, intent.first_args)}."
         return self._wish(session, intent, "")
 
-    def change_of_mind(self, session: ScriptedSession, goal: Goal) -> str:
+    def change_of_mind(self, session: ScriptSession, goal: Goal) -> str:
         """What the user says when it switches from ``first_args`` to the final ``args``."""
         intent = goal.intent
         if intent.change_say:
@@ -167,7 +165,7 @@ class UserScript:
         values = changed(intent.first_args or {}, intent.args)
         return f"What I want instead: {what}" + (f" ({values})." if values else ".")
 
-    def fill(self, session: ScriptedSession, template: str) -> str:
+    def fill(self, session: ScriptSession, template: str) -> str:
         """``template`` with its ``{fact}`` placeholders filled from the known facts; a sentence naming a
         fact the user still keeps back is left out until the agent has asked for it."""
         kept = []
@@ -178,7 +176,7 @@ class UserScript:
             kept.append(PLACEHOLDER.sub(lambda m: str(session.known.get(m.group(1), m.group(0))), sentence))
         return " ".join(kept) or self._wish(session, Intent(description=""), "")
 
-    def _core(self, session: ScriptedSession, intent: Intent) -> str:
+    def _core(self, session: ScriptSession, intent: Intent) -> str:
         """The description in the first person, without sentences that name a fact still withheld."""
         hidden = [str(session.known[k]) for k in session.withheld if k in session.known]
         text = first_person(intent.description.strip())
@@ -188,22 +186,22 @@ class UserScript:
             return words(intent.action or "") or "get some help"
         return _lower_first(core)
 
-    def _wish(self, session: ScriptedSession, intent: Intent, values: str) -> str:
+    def _wish(self, session: ScriptSession, intent: Intent, values: str) -> str:
         core = self._core(session, intent)
         text = core[:1].upper() + core[1:] if _OWN_WORDS.match(core) else f"I'd like to {core}"
         return f"{text} ({values})." if values else f"{text}."
 
     # -- facts -----------------------------------------------------------------------------------------
-    def facts(self, session: ScriptedSession) -> dict[str, str]:
+    def facts(self, session: ScriptSession) -> dict[str, str]:
         """What the user can say when asked: every known fact (a withheld one too: it is never volunteered
         in a request, but given once the agent asks for it)."""
         return {k: str(v) for k, v in session.known.items()}
 
-    def fact_words(self, session: ScriptedSession, key: str) -> list[str]:
+    def fact_words(self, session: ScriptSession, key: str) -> list[str]:
         """How an agent may name the fact ``key``: ``scenario.fact_words`` and the key in words."""
         return [*session.scenario.fact_words.get(key, []), words(key)]
 
-    def asked_facts(self, session: ScriptedSession, text: str) -> list[str]:
+    def asked_facts(self, session: ScriptSession, text: str) -> list[str]:
         """The facts the agent asks for in ``text`` (a fact it states itself is not asked for)."""
         if not ASK.search(text):
             return []
@@ -216,7 +214,7 @@ class UserScript:
             asked.append(key)
         return asked
 
-    def fact_sentence(self, session: ScriptedSession, key: str, facts: Mapping[str, str]) -> str:
+    def fact_sentence(self, session: ScriptSession, key: str, facts: Mapping[str, str]) -> str:
         """One sentence giving ``key`` ("" when the user does not know it)."""
         value = facts.get(key)
         if value is None:
@@ -238,7 +236,7 @@ class UserScript:
         """Whether ``text`` is about ``action`` (a proposal about another action is not checked against it)."""
         return re.search(self.action_pattern(action), text) is not None
 
-    def mismatch(self, session: ScriptedSession, goal: Goal, args: Mapping[str, Any], text: str,
+    def mismatch(self, session: ScriptSession, goal: Goal, args: Mapping[str, Any], text: str,
                  final: bool) -> str | None:
         """Why ``text`` does not propose ``goal``'s action with ``args``, or None when it does: every scalar
         value of ``args`` must be stated. ``final``: ``args`` are the intent's final ones (not ``first_args``)."""
@@ -252,7 +250,7 @@ class UserScript:
         return goal.intent.answer is not None and says_value(text, goal.intent.answer)
 
     # -- the user's device -----------------------------------------------------------------------------
-    def plan_steps(self, session: ScriptedSession, text: str) -> list[tuple[str, dict[str, Any]]]:
+    def plan_steps(self, session: ScriptSession, text: str) -> list[tuple[str, dict[str, Any]]]:
         """The device steps the agent instructs in ``text``, in order: a pending step of the scenario's
         ``user_actions`` (with its arguments), or a user tool of the domain that takes no arguments,
         named in a sentence addressed to the user."""
@@ -280,7 +278,7 @@ class UserScript:
             return f"That didn't work, my device says: {out}"
         return f"Done. My device says: \"{out}\""
 
-    async def device_turn(self, session: ScriptedSession, text: str, act: Act) -> UserReply | None:
+    async def device_turn(self, session: ScriptSession, text: str, act: Act) -> UserReply | None:
         """Do the device steps ``text`` instructs and say what the device showed; None when it asks none."""
         plan = self.plan_steps(session, text)
         if not plan:
@@ -296,7 +294,7 @@ class UserScript:
         return UserReply(text=report or "Hmm, I am not sure what to do.")
 
     # -- ending ----------------------------------------------------------------------------------------
-    async def verify(self, session: ScriptedSession, act: Act) -> UserReply | None:
+    async def verify(self, session: ScriptSession, act: Act) -> UserReply | None:
         """Before stopping with every intent settled: check the outcome on the device and say so (a reply
         ends or continues the episode), or None to stop with thanks. The generic user does not verify."""
         return None

@@ -24,11 +24,11 @@ import copy
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from muarl.types import Intent, Task
+from muarl.types import Task
 from muarl.users.base import Act, SimulatorFault, UserReply, UserSession, UserSimulator
+from muarl.users.conversation import Goal
 from muarl.users.phrases import (
     ANYTHING_ELSE,
     ASK,
@@ -47,29 +47,6 @@ if TYPE_CHECKING:
     from muarl.domain import Domain
 
 MAX_AGENT_CHARS = 20_000
-
-
-@dataclass
-class Goal:
-    """One intent and how far the conversation has got with it."""
-
-    intent: Intent
-    status: str = "pending"  # pending | confirmed | done
-    changed_mind: bool = False
-    insisted: int = 0
-    performed: list[str] = field(default_factory=list)
-
-    @property
-    def wanted(self) -> dict[str, Any]:
-        """The args the user currently asks for: ``first_args`` until it has changed its mind."""
-        if self.intent.first_args is not None and not self.changed_mind:
-            return dict(self.intent.first_args)
-        return dict(self.intent.args)
-
-    @property
-    def steps_done(self) -> bool:
-        names = [a.name for a in self.intent.user_actions]
-        return all(n in self.performed for n in names)
 
 
 def registered_domain(name: str) -> Domain | None:
