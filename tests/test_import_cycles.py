@@ -21,7 +21,6 @@ PACKAGE = Path(__file__).parents[1] / "src" / "muarl"
 #: components not yet broken (each a set of module names); see the module docstring
 KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"muarl.domain", "muarl.env", "muarl.users.base"}),
-    frozenset({"muarl.mcp.config", "muarl.mcp.domain"}),
 }
 
 

@@ -322,30 +322,3 @@ def _load(tasks: Iterable[Task] | str | Path | None) -> list[Task] | None:
     if isinstance(tasks, str | Path):
         return load_tasks(Path(tasks))
     return list(tasks)
-
-
-def parse_spec(text: str) -> MCPDomain:
-    """``--domain mcp:...``: ``mcp:retail`` (serve the built-in retail over stdio and use it),
-    ``mcp:my_module:domain`` (a domain of one's own, the same way),
-    ``mcp:retail@http://host:port/mcp`` (a running muarl server), ``mcp:FILE.json`` (any server, with the
-    tasks, read-only tools and timeouts a config file gives, see :mod:`muarl.mcp.config`).
-
-    A bare ``mcp:URL`` or ``mcp:COMMAND LINE`` has no tasks, so it is refused here: every command that
-    takes ``--domain`` plays tasks (``muarl mcp-tools`` lists such a server's tools).
-    """
-    from muarl.domain import domain_names, get_domain
-    from muarl.mcp.config import load_config
-
-    head, sep, rest = text.partition("@")
-    if sep and head and " " not in head and rest:
-        return mcp_domain(rest, base=head)
-    if text in domain_names():
-        return mcp_domain(ServerSpec.muarl(text), base=text)
-    if ":" in text and "://" not in text and " " not in text and not text.endswith(".json"):
-        get_domain(text)  # a domain of one's own (module:attr), served as the built-ins are; a bad one: KeyError
-        return mcp_domain(ServerSpec.muarl(text), base=text)
-    if text.endswith(".json") and " " not in text.strip():
-        return load_config(Path(text))
-    raise ValueError(f"--domain mcp:{text}: an MCP server without a base domain has no tasks to play; describe it in "
-                     "a config file with \"server\" and \"tasks\" (--domain mcp:FILE.json, see docs/mcp.md), "
-                     "or list its tools with 'muarl mcp-tools'")
