@@ -6,7 +6,7 @@
 - a training-style run: the embedded tiny model (an end-of-turn bias so its turns end and the user
   answers) plays groups of two on two steps' worth of train tasks; every step's file
   ``rollouts/step_00000N.jsonl`` carries metadata step / group / member / advantage / trained as
-  ``muarl grpo`` writes them (GRPO advantages from ``muarl.algorithms``), ``metrics.jsonl`` holds ``muarl.train.grpo.rollout_metrics`` of each step, the
+  ``muarl grpo`` writes them (GRPO advantages from ``muarl.algorithms``), ``metrics.jsonl`` holds ``muarl.train.groups.rollout_metrics`` of each step, the
   tokenizer is saved in ``model/``. A third step groups a real expert episode with a real
   expert-noconfirm episode of the same change-of-mind task, so one group has non-zero advantages;
 - a telecom expert rollout (user tool calls on the phone), for the lanes' ordering.

@@ -1,5 +1,5 @@
 """``muarl grpo``: GRPO with the simulated user in every rollout. Its options are
-:class:`~muarl.train.grpo.GRPOConfig`'s fields."""
+:class:`~muarl.train.grpo_config.GRPOConfig`'s fields."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
-    """The :class:`~muarl.train.grpo.GRPOConfig` a parsed ``muarl grpo`` command line asks for: the preset
+    """The :class:`~muarl.train.grpo_config.GRPOConfig` a parsed ``muarl grpo`` command line asks for: the preset
     with the options that were given."""
     from muarl.train.grpo_config import GRPOConfig, preset
 
