@@ -28,7 +28,6 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import sized_model  # noqa: E402  (a sibling script, not a package)
-
 from muarl.train.distributed import Dist  # noqa: E402
 from muarl.train.sharding import decoder, shard  # noqa: E402
 
