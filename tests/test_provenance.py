@@ -151,7 +151,7 @@ def test_demo_summary_records_both_models_and_the_user(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "reinforce", lambda *args: trained)
     monkeypatch.setattr(demo, "compare_evaluations", lambda out, suffix="": {"metrics": []})
     monkeypatch.setattr(demo, "changed_conversations", lambda out: out / "changed.md")
-    monkeypatch.setattr(demo, "plot", lambda out: [])
+    monkeypatch.setattr(demo, "plot", lambda out, where=None: [])
     summary = demo.run_demo(tmp_path / "demo", "smoke", progress=False)
     written = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert written["provenance"] == summary["provenance"]
