@@ -65,10 +65,12 @@ class RolloutStream:
 
     ``group_seed(position)`` seeds a group's episodes; ``per_step`` groups make a step, ``staleness`` is
     N: at most (syncs so far + N + 1) * ``per_step`` groups are started (plus one for each group the
-    trainer dropped or discarded)."""
+    trainer dropped or discarded). ``first_version``: the updates the weights have had (a resumed run's
+    steps), so that ``policy_version`` counts a run's updates across resumes."""
 
     def __init__(self, sampler: Any, domain: Any, user: Any, episode: Any, group_size: int, order: list[Task],
-                 cursor: int, per_step: int, staleness: int, group_seed: Any, policy_seed: int):
+                 cursor: int, per_step: int, staleness: int, group_seed: Any, policy_seed: int,
+                 first_version: int = 0):
         self.sampler, self.domain, self.user, self.episode = sampler, domain, user, episode
         self.group_size, self.order, self.next_position = group_size, order, cursor
         self.per_step = per_step
@@ -81,7 +83,7 @@ class RolloutStream:
             engine.lock = self.weights_lock  # the engine's forward passes and the weight sync exclude each other
         self.cond = threading.Condition()
         self.finished: list[Finished] = []
-        self.version = 0
+        self.version = first_version  # updates the weights have had: a resumed run goes on counting
         self.started = 0  # groups started since the stream began
         self.sampler_idle_s = 0.0  # time with no episode in flight because the stream was at its lead
         self.error: BaseException | None = None

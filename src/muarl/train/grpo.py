@@ -104,7 +104,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             stream = RolloutStream(sampler, domain, user, episode, config.group_size, order, cursor,
                                    per_step=config.tasks_per_step, staleness=config.max_staleness,
                                    group_seed=lambda position: step_seed(config.seed, position, 0),
-                                   policy_seed=step_seed(config.seed, run.start_step)).start()
+                                   policy_seed=step_seed(config.seed, run.start_step),
+                                   first_version=run.start_step).start()
         for step in range(run.start_step, config.steps):
             began = time.perf_counter()
             model.eval()
