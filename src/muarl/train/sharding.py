@@ -149,11 +149,11 @@ def gather_into(model: Any, plain: Any | None, only_trainable: bool = False) -> 
             del full
 
 
-def _options(full: bool = False) -> Any:
+def _options() -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # frozen parameters (a LoRA run's base) are not saved: they are the starting checkpoint's
-    return StateDictOptions(ignore_frozen_params=True, full_state_dict=full, cpu_offload=full)
+    return StateDictOptions(ignore_frozen_params=True)
 
 
 def save_shards(model: Any, optimizer: Any, directory: Path) -> None:
