@@ -20,7 +20,7 @@ RECIPE = ("hidden_size", "layers", "heads", "head_dim", "kv_heads", "prompt", "s
 GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "tasks_per_step": None, "group_size": None,
                 "kl_beta": None, "num_iterations": None, "dynamic_sampling": None, "mask_truncated": None,
                 "penalize_violations": None, "violation_reward": None, "temperature": None, "max_new_tokens": None,
-                "max_turns": None}
+                "max_turns": None, "max_staleness": None, "tis_cap": None}
 SFT_OPTIONS = {"epochs": "--sft-epochs", "lr": "--sft-lr", "batch_size": "--sft-batch", "fresh_ids": None}
 
 
