@@ -14,7 +14,7 @@ from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import is_confirmation
 from muarl.tools import ToolError, tool
 from muarl.types import SPLITS, Action, Intent, Message, Scenario, Task, ToolCall
-from muarl.users.base import UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, UserReply, UserSession, UserSimulator
 
 POLICY = """You are a counter desk agent.
 - Log the member in with login and their PIN first.
@@ -148,7 +148,7 @@ class _UserSession(UserSession):
     async def reply(self, agent_text: str, act) -> UserReply:
         if "proceed" in agent_text:
             return UserReply("Yes, please.")
-        return UserReply("Thanks, bye! ###STOP###", stop="stop")
+        return UserReply(f"Thanks, bye! {STOP}", stop="stop")
 
 
 class CounterUser(UserSimulator):

@@ -45,6 +45,7 @@ from muarl.gold import gold_score  # noqa: E402
 from muarl.policies.base import AgentTurn, Policy, PolicySession  # noqa: E402
 from muarl.rollout import EpisodeConfig, RolloutEngine  # noqa: E402
 from muarl.types import Message, ToolCall  # noqa: E402
+from muarl.users.base import STOP  # noqa: E402
 from muarl.users.llm import LLMUser  # noqa: E402
 from muarl.users.replay import ReplayUser  # noqa: E402
 from muarl.users.scripted import ScriptedUser  # noqa: E402
@@ -93,7 +94,7 @@ def test_domains_carry_the_items_tools_policies_and_users():
     assert [t.name for t in view.tools] == [f["name"] for f in item.functions]
     assert "Sending Text Messages" in view.policy and "[ApiName" not in view.policy
     assert "Booking Flights" in turn.for_task(turn.task("agent_multi_turn_20")).policy
-    assert item.question in task.instruction and "###STOP###" in task.instruction  # ACEBench's user prompt
+    assert item.question in task.instruction and STOP in task.instruction  # ACEBench's user prompt
     assert "finish conversation" not in task.instruction
     assert step.task("agent_multi_step_3").instruction == item_of(step.task("agent_multi_step_3")).question
     kinds = {t.name: t.spec.kind for t in turn.tools}
@@ -180,7 +181,7 @@ def test_multi_step_items_run_through_the_engine_with_the_data_user():
     groups = asyncio.run(RolloutEngine(domain, _Caller(), ScriptedUser(), EpisodeConfig(40), progress=False).run(tasks))
     for task, (traj,) in zip(tasks, groups, strict=True):
         said = [m.content for m in traj.messages if m.role == "user"]
-        assert said[0] == item_of(task).question and said[1:] == ["###STOP###"]
+        assert said[0] == item_of(task).question and said[1:] == [STOP]
         assert traj.reward.reward == 1.0, (task.id, traj.reward.diff)
 
 
@@ -220,7 +221,7 @@ def test_llm_user_is_given_acebenchs_persona_prompt():
     task = get_domain("acebench:multi_turn").task("agent_multi_turn_20")
     session = LLMUser("http://127.0.0.1:9/v1", "user-model").session(task, 0)
     system = session.history[0]["content"]
-    assert item_of(task).question in system and "Book a round-trip flight" in system and "###STOP###" in system
+    assert item_of(task).question in system and "Book a round-trip flight" in system and STOP in system
 
 
 def test_replayed_users_play_acebench_tasks(tmp_path):

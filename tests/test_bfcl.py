@@ -28,6 +28,7 @@ from muarl.bridges.bfcl import (  # noqa: E402
 from muarl.cli import main  # noqa: E402
 from muarl.domain import get_domain  # noqa: E402
 from muarl.rollout import EpisodeConfig, RolloutEngine, run_episode  # noqa: E402
+from muarl.users.base import STOP  # noqa: E402
 from muarl.users.scripted import ScriptedUser  # noqa: E402
 
 
@@ -115,7 +116,7 @@ def test_user_turns_come_from_the_data_and_the_scripted_user_plays_them():
     assert task.context["bfcl"]["turns"] == expected
     traj = asyncio.run(run_episode(domain, task, GroundTruthPolicy(), ScriptedUser(), config=EpisodeConfig(60)))
     said = [m.content for m in traj.messages if m.role == "user"]
-    assert said[:-1] == expected and said[-1] == "###STOP###"
+    assert said[:-1] == expected and said[-1] == STOP
     assert decode_turns(traj, len(expected)) != []
 
 

@@ -31,7 +31,7 @@ from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.policies.expert import ExpertPolicy
 from muarl.rollout import EpisodeConfig, run_episode, user_seed
 from muarl.types import Message, Task, ToolCall, Trajectory
-from muarl.users.base import Act, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, UserReply, UserSession, UserSimulator
 from muarl.users.llm import LLMUser
 from muarl.users.scripted import ScriptedUser
 from test_llm_user import FaultServer, start_process, stop_process
@@ -421,7 +421,7 @@ def test_http_user_that_stalls_fails_or_sends_nothing_faults_only_its_episode(
     the HTTP timeout is 20 s), HTTP 500 after every retry, an empty completion, and a normal user."""
     tasks = retail.tasks("test")[:4]
     server.script({"sleep": 30}, {"status": 500}, {"status": 500}, {"content": ""},
-                  {"content": "Hi, I need help with an order."}, default={"content": "Thanks, that is all. ###STOP###"})
+                  {"content": "Hi, I need help with an order."}, default={"content": f"Thanks, that is all. {STOP}"})
     user = LLMUser(server.url, "fault", timeout=20, max_retries=1, backoff=0.01)
     began = time.monotonic()
     result = evaluate(retail, Steps("How can I help?"), user, tasks, k=1, out_dir=tmp_path, concurrency=1,

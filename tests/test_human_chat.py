@@ -19,6 +19,7 @@ from muarl.factory import make_policy
 from muarl.human import parse_arguments, run_chat
 from muarl.policies.base import Policy, PolicySession
 from muarl.rollout import load_trajectories
+from muarl.users.base import STOP
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "retail-test-0-00015"  # Ivan Hansen (zip 43270) cancels pending order #W1625474, ordered by mistake
@@ -70,7 +71,7 @@ def test_a_person_who_gives_the_right_facts_and_confirms_scores_1(tmp_path):
     assert traj.stop_reason == "user_stop"
     assert [r.name for r in traj.tool_log if r.kind == "write"] == ["cancel_pending_order"]
     users = [m.content for m in traj.messages if m.role == "user"]
-    assert users == [OPEN, NAME, REASON, "yes", "Thanks, bye! ###STOP###"]
+    assert users == [OPEN, NAME, REASON, "yes", f"Thanks, bye! {STOP}"]
 
 
 def test_refusing_the_proposal_leaves_the_order_alone_and_scores_0():
@@ -86,7 +87,7 @@ def test_end_of_input_ends_cleanly_and_keeps_the_conversation(tmp_path):
     assert "Traceback" not in done.stderr and "end of input" in done.stdout
     traj = saved(file)
     assert traj.stop_reason == "user_stop" and traj.metadata["user_eof"] == 1
-    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, NAME, "###STOP###"]
+    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, NAME, STOP]
     assert [r.name for r in traj.tool_log][:2] == ["find_user_id_by_name_zip", "get_user_details"]
     assert traj.reward is not None and traj.reward.reward == 0.0  # nothing was cancelled, and it says so
 
@@ -102,7 +103,7 @@ def test_end_of_input_before_a_word_is_a_simulator_fault_not_a_crash(tmp_path):
 def test_quit_and_commands_do_not_become_messages():
     traj, screen = play("retail", TASK, ["/help", "/tools", "/phone check_status_bar", OPEN, "/nonsense",
                                          "/task", "", NAME, "/quit", "never read"])
-    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, NAME, "###STOP###"]
+    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, NAME, STOP]
     assert traj.metadata["user_quit"] == 1 and "user_eof" not in traj.metadata
     assert "unknown command /nonsense" in screen and "you have no device tools" in screen
     assert screen.count("your task: retail-test-0-00015") == 2  # shown at the start and on /task
@@ -147,7 +148,7 @@ def test_ctrl_c_at_the_prompt_ends_the_conversation_and_saves_it(tmp_path):
     assert proc.returncode == 0, err[-2000:]
     traj = saved(file)
     assert traj.metadata["user_quit"] == 1 and traj.stop_reason == "user_stop"
-    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, "###STOP###"]
+    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, STOP]
 
 
 def test_chat_cli_errors(capsys):
@@ -186,5 +187,5 @@ def test_ctrl_c_while_the_agent_works_ends_at_the_next_prompt():
     traj = run_chat(d, d.task(TASK), InterruptedAgent(), stream=io.StringIO(f"{OPEN}\n{NAME}\n{REASON}\n"),
                     console=Console(file=io.StringIO()))
     assert traj.metadata["user_quit"] == 1 and traj.reward is not None
-    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, NAME, "###STOP###"]
+    assert [m.content for m in traj.messages if m.role == "user"] == [OPEN, NAME, STOP]
     assert signal.getsignal(signal.SIGINT) is before  # the chat's handler is removed again

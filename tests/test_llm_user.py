@@ -28,7 +28,7 @@ from muarl.policies.openai import OpenAIPolicy
 from muarl.rollout import EpisodeConfig, run_episode
 from muarl.serve import parse_tool_calls
 from muarl.types import Message, Task, ToolCall, Trajectory
-from muarl.users.base import SimulatorFault
+from muarl.users.base import STOP, SimulatorFault
 from muarl.users.llm import AGENT_GREETING, LLMUser, parse_stop
 from muarl.users.replay import ReplayUser, user_turns
 
@@ -290,15 +290,15 @@ def test_sim_fault_marks_the_episode(fault: FaultServer, retail: Domain) -> None
 
 # -- (c) stop markers and role flipping ---------------------------------------------------------------
 def test_parse_stop() -> None:
-    assert parse_stop("Thanks, bye! ###STOP###") == ("Thanks, bye!", "stop")
+    assert parse_stop(f"Thanks, bye! {STOP}") == ("Thanks, bye!", "stop")
     assert parse_stop("###TRANSFER###") == ("###TRANSFER###", "transfer")
     assert parse_stop("That is not what I asked. ###OUT-OF-SCOPE###") == ("That is not what I asked.", "out_of_scope")
     assert parse_stop("just text") == ("just text", None)
-    assert parse_stop("###STOP### ###TRANSFER###")[1] == "stop"  # the first marker wins
+    assert parse_stop(f"{STOP} ###TRANSFER###")[1] == "stop"  # the first marker wins
 
 
 @pytest.mark.parametrize(("last", "reason", "shown"), [
-    ("Perfect, thank you! ###STOP###", "user_stop", "Perfect, thank you!"),
+    (f"Perfect, thank you! {STOP}", "user_stop", "Perfect, thank you!"),
     ("###TRANSFER###", "user_transfer", "###TRANSFER###"),
     ("Okay. ###OUT-OF-SCOPE###", "user_out_of_scope", "Okay."),
 ])
@@ -334,7 +334,7 @@ def record_telecom(fault: FaultServer, telecom: Domain) -> tuple[Task, StepPolic
         {"content": "It shows no signal bars."},
         {"content": None, "tool_calls": [{"id": "u3", "name": "check_sim_status", "arguments": "{}"}]},
         {"content": "It asks me for a PUK code."},
-        {"content": "No, that's all. ###STOP###"},
+        {"content": f"No, that's all. {STOP}"},
     )
     return task, policy, episode(telecom, task, policy, fast_user(fault))
 
@@ -384,7 +384,7 @@ def test_openai_policy_parse_errors_and_tool_results(fault: FaultServer, retail:
             {"id": "bad", "name": "get_order_details", "arguments": "{\"order_id\": \"#W45"},
             {"id": "good", "name": "find_user_id_by_email", "arguments": "{\"email\": \"a@example.com\"}"}]},
         {"content": "I cannot cancel a delivered order."},  # policy
-        {"content": "Fine. ###STOP###"},  # user
+        {"content": f"Fine. {STOP}"},  # user
     )
     traj = episode(retail, task, policy, fast_user(fault))
     assert traj.stop_reason == "user_stop" and traj.malformed_calls == 1

@@ -27,6 +27,7 @@ from muarl.policies.base import AgentTurn, Policy, PolicySession  # noqa: E402
 from muarl.rewards import find_violations  # noqa: E402
 from muarl.rollout import EpisodeConfig, RolloutEngine  # noqa: E402
 from muarl.types import Action, Message, ToolCall, Trajectory  # noqa: E402
+from muarl.users.base import STOP  # noqa: E402
 from muarl.users.replay import ReplayUser  # noqa: E402
 from muarl.users.scripted import ScriptedUser  # noqa: E402
 
@@ -64,7 +65,7 @@ def test_task_carries_tau2_user_guidelines_gold_actions_and_required_outputs():
     task = next(t for t in domain.tasks() if t2[t.id].evaluation_criteria.communicate_info)
     original = t2[task.id]
     assert original.user_scenario.instructions.reason_for_call in task.instruction
-    assert "###STOP###" in task.instruction and "<scenario>" in task.instruction  # tau2's guidelines
+    assert STOP in task.instruction and "<scenario>" in task.instruction  # tau2's guidelines
     assert [a.name for a in task.gold_actions] == [a.name for a in original.evaluation_criteria.actions]
     assert task.required_outputs == original.evaluation_criteria.communicate_info
     telecom = get_domain("tau2:telecom").tasks()[0]

@@ -22,7 +22,7 @@ from muarl.rewards import is_confirmation
 from muarl.rollout import run_episode
 from muarl.tools import ToolError, tool
 from muarl.types import Action, Intent, Message, Scenario, Task
-from muarl.users.base import UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, UserReply, UserSession, UserSimulator
 from muarl.users.script import UserScript
 from muarl.users.scripted import ScriptedSession, ScriptedUser
 
@@ -127,7 +127,7 @@ def test_generic_user_changes_its_mind() -> None:
     assert "changed my mind" in again and not is_confirmation(again)
     assert is_confirmation(talk("Shall I book service for bike B7 on 2026-05-03? (yes/no)").text)
     bye = talk("Done: B7 booked for 2026-05-03. Is there anything else I can help you with?")
-    assert bye.stop == "stop" and "###STOP###" in bye.text
+    assert bye.stop == "stop" and STOP in bye.text
 
 
 def test_generic_user_insists_then_accepts_a_refusal_and_moves_on() -> None:
@@ -230,7 +230,7 @@ class _StandIn(UserSimulator):
                 return UserReply(text="I am the shop's own user.")
 
             async def reply(self, agent_text: str, act: Any) -> UserReply:
-                return UserReply(text="Bye. ###STOP###", stop="stop")
+                return UserReply(text=f"Bye. {STOP}", stop="stop")
 
         return _S()
 

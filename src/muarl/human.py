@@ -39,12 +39,11 @@ from rich.table import Table
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rollout import EpisodeConfig, run_episode
 from muarl.types import Message, Task, Trajectory
-from muarl.users.base import Act, SimulatorFault, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, SimulatorFault, UserReply, UserSession, UserSimulator
 
 if TYPE_CHECKING:
     from muarl.domain import Domain
 
-STOP = "###STOP###"
 MAX_SHOWN = 1500  # characters of a tool result shown in a panel (the agent still sees all of it)
 HELP = ("Type your reply and press Enter. Commands: /done [last words] ends the conversation; /quit ends it "
         "now; /phone TOOL [JSON or key=value ...] acts on your device; /tools lists device tools; /task shows "

@@ -51,13 +51,12 @@ from muarl.env import Env
 from muarl.rewards import replay
 from muarl.tools import Tool
 from muarl.types import Action, Check, Reward, Scenario, Task, ToolSpec, Trajectory
-from muarl.users.base import Act, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, UserReply, UserSession, UserSimulator
 
 #: the key under which an env's :class:`World` sits in its view's context (what the tools reach)
 WORLD = "_acebench_world"
 #: ACEBench's function names read state when they start like this; every other function may write
 READ_PREFIXES = ("get_", "view_", "search_", "check_", "find_")
-STOP = "###STOP###"
 
 POLICY = """You help a user by calling the functions you are given: ACEBench's simulated phone (messages, \
 reminders, food delivery) or an airline's reservation system. Call functions through the tool interface \

@@ -37,7 +37,7 @@ from muarl.env import Env
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.tools import Tool, ToolError
 from muarl.types import Action, Check, Message, Reward, Scenario, Task, ToolCall, ToolSpec, Trajectory
-from muarl.users.base import Act, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, UserReply, UserSession, UserSimulator
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 #: the key under which an env's :class:`Episode` sits in its view's context (what the tools reach)
@@ -220,7 +220,7 @@ class _TurnsSession(UserSession):
 
     def _reply(self) -> UserReply:
         if self.next >= len(self.turns):
-            return UserReply("###STOP###", stop="stop", metadata={"turn": self.next})
+            return UserReply(STOP, stop="stop", metadata={"turn": self.next})
         self.next += 1
         return UserReply(self.turns[self.next - 1], metadata={"turn": self.next - 1})
 

@@ -23,6 +23,11 @@ Act = Callable[[str, dict[str, Any]], Awaitable[str]]
 
 StopSignal = Literal["stop", "transfer", "out_of_scope"]
 
+#: The marker a user writes to end the conversation (tau-bench's): scripted, replayed and human users end
+#: with it, an LLM user is told to write it, and :func:`muarl.users.llm.parse_stop` reads it back. One
+#: constant, so every user and bridge ends a conversation the same way.
+STOP = "###STOP###"
+
 
 class SimulatorFault(RuntimeError):
     """The simulator could not produce a turn (API down, timeouts after retries, a malformed reply).

@@ -20,11 +20,11 @@ from typing import Any
 
 from muarl.endpoint import ChatEndpoint, EndpointError
 from muarl.types import Task, ToolSpec
-from muarl.users.base import Act, SimulatorFault, StopSignal, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, SimulatorFault, StopSignal, UserReply, UserSession, UserSimulator
 
 #: marker -> the stop signal it raises; checked in this order
 STOP_MARKERS: dict[str, StopSignal] = {
-    "###STOP###": "stop",
+    STOP: "stop",
     "###TRANSFER###": "transfer",
     "###OUT-OF-SCOPE###": "out_of_scope",
 }
@@ -51,7 +51,7 @@ preferences). If the agent asks for something you were not given, say that you d
 - Do not copy your situation text word for word; say it in your own words.
 {tools_rule}
 Ending the conversation:
-- When your goal is achieved, or it is clear it cannot be achieved, reply with ###STOP### on its own.
+- When your goal is achieved, or it is clear it cannot be achieved, reply with {stop} on its own.
 - If you are transferred to a human agent, reply with ###TRANSFER###.
 - If the conversation moves to something your situation does not cover, reply with ###OUT-OF-SCOPE###.
 """
@@ -132,7 +132,7 @@ class LLMUserSession(UserSession):
         self.seed = seed
         self.rng = random.Random(seed)
         self.tools = user.tool_specs(task)
-        prompt = SYSTEM_PROMPT.format(instruction=task.instruction.strip(),
+        prompt = SYSTEM_PROMPT.format(instruction=task.instruction.strip(), stop=STOP,
                                       tools_rule=TOOLS_RULE if self.tools else "")
         self.history: list[dict[str, Any]] = [
             {"role": "system", "content": prompt},

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import re
 
-STOP = "###STOP###"
-
 
 # -- text helpers -------------------------------------------------------------------------------------------
 def norm(text: str) -> str:

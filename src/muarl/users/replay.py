@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from muarl.types import Task, ToolRecord, Trajectory
-from muarl.users.base import Act, StopSignal, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, StopSignal, UserReply, UserSession, UserSimulator
 
 _TAG = re.compile(r"^user_t(\d+)_")
 _STOPS: dict[str, StopSignal] = {"user_stop": "stop", "user_transfer": "transfer",
@@ -92,7 +92,7 @@ class ReplaySession(UserSession):
     def _reply(self, actions_run: int = 0, mismatches: int = 0) -> UserReply:
         index = self.next_index
         if index >= len(self.turns):
-            return UserReply("###STOP###", stop="stop", metadata={"replayed": index, "exhausted": True})
+            return UserReply(STOP, stop="stop", metadata={"replayed": index, "exhausted": True})
         self.next_index += 1
         last = index == len(self.turns) - 1
         stop: StopSignal | None = self.final_stop if last else None
@@ -101,7 +101,7 @@ class ReplaySession(UserSession):
 
     async def start(self) -> UserReply:
         if not self.turns:
-            return UserReply("###STOP###", stop="stop", metadata={"replayed": 0, "exhausted": True})
+            return UserReply(STOP, stop="stop", metadata={"replayed": 0, "exhausted": True})
         return self._reply()
 
     async def reply(self, agent_text: str, act: Act) -> UserReply:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from muarl.types import Task
-from muarl.users.base import Act, SimulatorFault, UserReply, UserSession, UserSimulator
+from muarl.users.base import STOP, Act, SimulatorFault, UserReply, UserSession, UserSimulator
 from muarl.users.conversation import Goal
 from muarl.users.phrases import (
     ANYTHING_ELSE,
@@ -37,7 +37,6 @@ from muarl.users.phrases import (
     NOT_TRANSFER,
     PROPOSAL,
     REFUSAL,
-    STOP,
     TRANSFER,
     norm,
 )
