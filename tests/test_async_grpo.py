@@ -129,7 +129,7 @@ def test_a_killed_asynchronous_run_resumes_from_its_checkpoint(tmp_path):
 def test_options_that_cannot_run_asynchronously_are_refused():
     for overrides, words in (({"max_staleness": -1}, "must be 0"),
                              ({"max_staleness": 1, "fsdp": True}, "without --fsdp"),
-                             ({"max_staleness": 1, "rollout_engine": "vllm"}, "--rollout-engine hf")):
+                             ({"max_staleness": 1, "rollout_engine": "vllm", "vllm_sleep": True}, "one of the two")):
         with pytest.raises(ValueError, match=words):
             _config(Path("unused"), **overrides)
 

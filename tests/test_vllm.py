@@ -1139,3 +1139,62 @@ def test_a_sharded_run_keeps_its_in_process_engine_in_step(tmp_path, lora_r):
     assert len(trained) >= 2, metrics
     assert all(m["mismatch_kl"] < 1e-6 and m["mismatch_outside"] == 0.0 and m["sync_s"] > 0 for m in trained), trained
     assert json.loads((out / "config.json").read_text())["fsdp"] is True
+
+
+# -- asynchronous GRPO (--max-staleness) with vLLM engines --------------------------------------------------
+def _async_turns_come_from_recent_weights(out, engine: str) -> None:
+    """An asynchronous run (N = 1, a trainer slowed by several optimizer steps per batch so that the engine
+    samples while it updates): every agent turn of every step's episodes was sampled by ONE version of the
+    weights (its tokens' stored log-probs equal that version's, recomputed by the trainer from the run's
+    checkpoints), a version between the one its group started under (``policy_version``) and the trainer's at
+    the step that took it, so at most N updates old; and later steps' turns come from synced weights, not the
+    starting ones. The engine takes a sync between two requests (in process: the engine waits for its batch
+    to drain; a server: paused, reloaded, resumed), so no turn mixes two versions."""
+    from muarl.models import load
+    from muarl.train.grpo import train_grpo
+    from muarl.train.grpo_config import preset
+    from muarl.types import Trajectory
+
+    config = preset("tiny", out=str(out), domain="train_fixtures:coin", steps=4, tasks_per_step=2, group_size=4,
+                    max_new_tokens=12, max_turns=3, lr=1e-3, kl_beta=0.0, rollout_engine=engine, max_staleness=1,
+                    num_iterations=4, save_every=1, keep_checkpoints=0, report_to="none")
+    metrics = train_grpo(config, progress=False)["metrics"]
+    assert all(m["staleness_max"] <= 1 and m["sync_s"] > 0 for m in metrics), metrics
+    versions = [load("tiny")[0]] + [load(str(out / "checkpoints" / f"step_{k}" / "model"))[0]
+                                    for k in range(1, config.steps)]
+    newer = 0
+    for step in range(1, config.steps + 1):
+        for line in (out / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines():
+            t = Trajectory.model_validate_json(line)
+            started = t.metadata["policy_version"]
+            assert step - 1 - started <= 1, (step, started)
+            scores = [_trainer_scores(model, t.token_ids) for model in versions[:step]]
+            stored, position = torch.tensor(t.logprobs), 0
+            for span in _spans(t):
+                begin = t.loss_mask.index(1, position)
+                at = slice(begin, begin + len(span))
+                position = at.stop
+                errors = [float((s[at] - stored[at]).abs().max()) for s in scores]
+                matches = [v for v, e in enumerate(errors) if e < TOLERANCE]
+                assert any(started <= v <= step - 1 for v in matches), (step, started, errors)
+                newer += min(matches) > 0
+    assert newer, "no turn was sampled by synced weights"
+    print(f"{engine}: {newer} turns sampled by synced weights; staleness max "
+          f"{max(m['staleness_max'] for m in metrics):.0f}, mean {sum(m['staleness_mean'] for m in metrics) / len(metrics):.2f}")
+
+
+def test_asynchronous_grpo_samples_with_an_in_process_engine_at_most_n_updates_behind(tmp_path):
+    _async_turns_come_from_recent_weights(tmp_path, "vllm")
+
+
+def test_asynchronous_grpo_samples_with_a_server_at_most_n_updates_behind(vllm_server, tmp_path):
+    from muarl.models import load
+
+    try:
+        _async_turns_come_from_recent_weights(tmp_path, f"vllm-server:{vllm_server}/v1#tiny")
+    finally:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
+        policy = _server_policy(vllm_server)
+        try:
+            policy.sync_weights(load("tiny")[0])
+        finally:
+            policy.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import queue
@@ -184,7 +185,9 @@ class VLLMEngine:
                     future.set_exception(result)
                 else:
                     future.set_result(result)
-            loop.call_soon_threadsafe(settle)
+            # a closed loop: an abandoned episode's (a stopped asynchronous stream's), nobody to tell
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle)
 
         self._check_alive()
         self._inbox.put(_Generate(f"muarl-{next(self._ids)}", list(prompt_ids), params, lora, deliver))

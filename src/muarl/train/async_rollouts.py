@@ -3,9 +3,9 @@
 In the method's own setting the simulated user is an API model and an episode mostly waits for its
 replies; a synchronous step (sample, then update) leaves the trainer idle while users think and the
 sampler idle while the trainer updates, and waits for the step's slowest episode. Here a
-:class:`RolloutStream` plays groups in a thread of its own, on the sampler's copy of the weights, and
-hands them to the trainer as they finish (the sampler is a
-:class:`~muarl.train.samplers.CopySampler`: it has its own copy of the weights):
+:class:`RolloutStream` plays groups in a thread of its own, on the sampler's own weights, and
+hands them to the trainer as they finish (muarl's engine samples from a
+:class:`~muarl.train.samplers.CopySampler`'s copy of the model; a vLLM engine or server holds its own):
 
 - every group records the weights version it started under (``policy_version`` in each episode's
   metadata; a version is one update); the trainer takes finished groups in the order they finished and
@@ -14,8 +14,9 @@ hands them to the trainer as they finish (the sampler is a
   (AReaL's bound), so groups that finish in order are never too stale to use; a group the trainer drops
   or discards (dynamic sampling) is replaced; with N = 0 ``train_grpo`` does not use the stream at all
   (today's synchronous step);
-- after each update the trainer pushes its weights into the sampler's copy (:meth:`RolloutStream.sync`),
-  between two forward passes of the sampler (a lock the sampler's engine takes per pass): episodes in
+- after each update the trainer pushes its weights into the sampler (:meth:`RolloutStream.sync`),
+  between two forward passes of muarl's engine (a lock it takes per pass) or two requests of a vLLM
+  engine (in process: it drains its batch first; a server: paused, reloaded, resumed): episodes in
   flight go on with the new weights, and every token keeps the log-prob it was drawn with;
 - the update weighs each token by the truncated importance ratio of the trainer's pre-update log-probs
   to those behaviour log-probs (``--tis-cap``, 2 unless set), so stale tokens are corrected as the

@@ -70,8 +70,9 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     # a sharded run starts from --model and loads its checkpoint's shards below
     model, reference, tokenizer = load_trainable(config, str(dist.device), None if config.fsdp else run.resume_from,
                                                  want_reference=True)
-    # a sharded or asynchronous run samples from a copy of the weights that follows them after every update
-    plain = copy.deepcopy(model) if config.fsdp or config.max_staleness else None
+    # a sharded run, or an asynchronous one on muarl's engine (which samples from a model object), samples from
+    # a copy of the weights that follows them after every update; vLLM engines hold weights of their own
+    plain = copy.deepcopy(model) if config.fsdp or (config.max_staleness and config.rollout_engine == "hf") else None
     if config.fsdp:
         shard_for_training(model, reference, config, dist)
     model.eval()

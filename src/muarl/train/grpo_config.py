@@ -155,9 +155,11 @@ class GRPOConfig(RunSettings):
             raise ValueError(f"--max-staleness must be 0 (synchronous) or more, not {self.max_staleness}")
         if self.max_staleness and self.tis_cap == 0:
             self.tis_cap = 2.0  # stale tokens are weighed by the truncated ratio to their behaviour log-probs
-        if self.max_staleness and (self.fsdp or self.rollout_engine != "hf"):
-            raise ValueError("--max-staleness runs with muarl's own engine (--rollout-engine hf) and without "
-                             "--fsdp for now")
+        if self.max_staleness and self.fsdp:
+            raise ValueError("--max-staleness runs without --fsdp for now (one training process)")
+        if self.max_staleness and self.vllm_sleep:
+            raise ValueError("--vllm-sleep stops the engine for every update and --max-staleness keeps it sampling "
+                             "through them: use one of the two")
         if self.rollout_engine.startswith(SERVER):
             server_endpoints(self.rollout_engine)  # a malformed URL#MODEL[,...]: one line (no connection yet)
             check_user_beside_policy(self)
