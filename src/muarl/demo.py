@@ -12,7 +12,9 @@ Top to bottom, each stage in its own folder of the run directory:
 3. ``grpo/``: GRPO from it with the scripted user in every rollout (on the train split).
 4. ``eval-rl/``, ``eval-rl-greedy/``: the RL model on the same held-out tasks, same users, same trials.
 5. ``summary.json``, ``comparison.json`` and ``comparison-greedy.json`` (paired bootstrap intervals, as
-   ``muarl compare``), ``changed.md`` (held-out conversations that changed), ``plots/`` and ``report.html``.
+   ``muarl compare``), ``changed.md`` (held-out conversations that changed), ``plots/`` and ``report.html``
+   (:func:`report`: the table, the plots and the changed conversations, linked into the viewer's pages of
+   ``grpo/`` and the evaluations).
 
 The evaluation split is the protocol's lever: a recipe is chosen on ``dev`` and the ``test`` split is
 scored once per reported figure. Both splits' evaluations share one run directory and so one trained
@@ -309,31 +311,24 @@ def _conversation(traj: Any) -> str:
     return "\n".join(lines)
 
 
+def changed_summary(changes: list[Any]) -> str:
+    """How many held-out episodes RL fixed and broke, as changed.md and the report say it."""
+    fixed = sum(c.gain > 0 for c in changes)
+    return (f"{fixed} episodes went from failure to success, {len(changes) - fixed} the other way (same task, "
+            "same user seed, before and after).")
+
+
 def changed_conversations(out: Path, shown: int = 3) -> Path:
     """``changed.md``: held-out episodes that changed outcome with RL, before and after, same task and same
-    user seed (the same trial of the same task), the ones RL fixed first."""
-    from muarl.types import Trajectory
+    user seed (the same trial of the same task), the ones RL fixed first
+    (:func:`muarl.report.comparison.paired_changes`)."""
+    from muarl.report.comparison import paired_changes
 
-    def episodes(name: str) -> dict[tuple[str, int], Trajectory]:
-        lines = (out / name / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
-        trajs = [Trajectory.model_validate_json(line) for line in lines if line.strip()]
-        return {(t.task_id, t.user_seed): t for t in trajs}
-
-    before, after = episodes("eval-sft"), episodes("eval-rl")
-    pairs = []
-    for key, a in before.items():  # the same task played with the same user seed: the same trial
-        b = after.get(key)
-        if b is None:
-            continue
-        ra, rb = (t.reward.reward if t.reward else 0.0 for t in (a, b))
-        if ra != rb:
-            pairs.append((rb - ra, a, b))
-    pairs.sort(key=lambda p: -p[0])
-    fixed = sum(p[0] > 0 for p in pairs)
-    parts = [f"# Held-out conversations that changed with RL\n\n{fixed} episodes went from failure to success, "
-             f"{len(pairs) - fixed} the other way (same task, same user seed, before and after).\n"]
-    for gain, a, b in pairs[:shown]:
-        parts.append(f"## {a.task_id}: {'fixed' if gain > 0 else 'broken'} by RL\n\n### cold start "
+    changes = paired_changes(out / "eval-sft", out / "eval-rl")
+    parts = [f"# Held-out conversations that changed with RL\n\n{changed_summary(changes)}\n"]
+    for c in changes[:shown]:
+        a, b = c.a, c.b
+        parts.append(f"## {a.task_id}: {'fixed' if c.gain > 0 else 'broken'} by RL\n\n### cold start "
                      f"(reward {a.reward.reward if a.reward else 0:.0f})\n\n{_conversation(a)}\n\n### after RL "
                      f"(reward {b.reward.reward if b.reward else 0:.0f})\n\n{_conversation(b)}\n")
     path = out / "changed.md"
@@ -353,34 +348,59 @@ def _value(metrics: dict[str, Any], key: str | None, k: int) -> float:
     return float(metrics.get(key or f"pass^{k}") or 0.0)
 
 
+#: the arms of the demo's comparison: the cold start and the model after RL
+ARMS = ("cold_start", "rl")
+
+
+def table_rows(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
+               greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None
+               ) -> list[dict[str, Any]]:
+    """The demo table's rows as :func:`muarl.report.comparison.build_comparison_report` takes them (values by
+    arm, :data:`ARMS`; one difference, after RL minus cold start, with the paired 95% interval where
+    known); ``greedy`` (before, after, comparison at T = 0) adds the greedy success and faults right below
+    the sampled ones. The console's table and the report's are both made of these rows."""
+    rows = []
+
+    def row(label: str, key: str | None, a_metrics: dict[str, Any], b_metrics: dict[str, Any],
+            cmp: dict[str, Any] | None) -> dict[str, Any]:
+        if key == "faults":  # one row, three parties: the interval column stays for single metrics
+            a, b = ([_value(m, f, k) for f in FAULT_KEYS] for m in (a_metrics, b_metrics))
+            return {"metric": label, "values": dict(zip(ARMS, (" / ".join(f"{x:.3f}" for x in v) for v in (a, b)),
+                                                        strict=True)),
+                    "differences": [" / ".join(f"{y - x:+.3f}" for x, y in zip(a, b, strict=True))]}
+        m = {d["metric"]: d for d in (cmp or {}).get("metrics", [])}.get(key or f"pass^{k}")
+        a, b = _value(a_metrics, key, k), _value(b_metrics, key, k)
+        diff = {"diff": b - a, **({"low": m["low"], "high": m["high"]} if m else {})}
+        return {"metric": label.replace("pass^k", f"pass^{k}"), "values": dict(zip(ARMS, (a, b), strict=True)),
+                "differences": [diff]}
+
+    for label, key in ROWS:
+        rows.append(row(label, key, before, after, comparison))
+        if greedy and key == "faults":  # the greedy success and faults right below the sampled ones
+            rows.extend(row(f"{g_label}, T = 0", g_key, *greedy) for g_label, g_key in ROWS[:2])
+    return rows
+
+
+def table_title(split: str, temperature: float, greedy: bool) -> str:
+    """The demo table's title."""
+    return (f"held-out {split} tasks: cold start vs after GRPO"
+            + (f" (T = {temperature:g} unless marked T = 0)" if greedy else ""))
+
+
 def table(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
           greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None,
           temperature: float = 1.0, split: str = "test") -> Table:
     """Cold start vs after RL, metric by metric, with the paired 95% interval of the change where known;
     ``greedy`` (before, after, comparison at T = 0) adds the greedy success and faults right below the
-    sampled ones, so the two read side by side."""
-    title = f"held-out {split} tasks: cold start vs after GRPO"
-    t = Table(title=title + (f" (T = {temperature:g} unless marked T = 0)" if greedy else ""))
+    sampled ones, so the two read side by side (:func:`table_rows`)."""
+    from muarl.report.comparison import format_difference, format_value
+
+    t = Table(title=table_title(split, temperature, greedy is not None))
     for col in ("metric", "cold start", "after RL", "change", "95% interval"):
         t.add_column(col, justify="left" if col == "metric" else "right")
-
-    def row(label: str, key: str | None, a_metrics: dict[str, Any], b_metrics: dict[str, Any],
-            cmp: dict[str, Any] | None) -> None:
-        if key == "faults":  # one row, three parties: the interval column stays for single metrics
-            a, b = ([_value(m, f, k) for f in FAULT_KEYS] for m in (a_metrics, b_metrics))
-            t.add_row(label, " / ".join(f"{x:.3f}" for x in a), " / ".join(f"{x:.3f}" for x in b),
-                      " / ".join(f"{y - x:+.3f}" for x, y in zip(a, b, strict=True)), "")
-            return
-        m = {d["metric"]: d for d in (cmp or {}).get("metrics", [])}.get(key or f"pass^{k}")
-        a, b = _value(a_metrics, key, k), _value(b_metrics, key, k)
-        t.add_row(label.replace("pass^k", f"pass^{k}"), f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}",
-                  f"[{m['low']:+.3f}, {m['high']:+.3f}]" if m else "")
-
-    for label, key in ROWS:
-        row(label, key, before, after, comparison)
-        if greedy and key == "faults":  # the greedy success and faults right below the sampled ones
-            for g_label, g_key in ROWS[:2]:
-                row(f"{g_label}, T = 0", g_key, *greedy)
+    for row in table_rows(before, after, k, comparison, greedy):
+        t.add_row(row["metric"], *(format_value(row["values"][arm]) for arm in ARMS),
+                  *format_difference(row["differences"][0]))
     return t
 
 
@@ -433,7 +453,7 @@ def plot(out: Path, where: Path | None = None) -> list[Path]:
     labels = ["pass^1", f"pass^{summary['k']}", "violation_rate"]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     xs = range(len(labels))
-    ax.bar([x - 0.2 for x in xs], [summary["sft"].get(k) or 0 for k in labels], width=0.4, label="SFT only")
+    ax.bar([x - 0.2 for x in xs], [summary["sft"].get(k) or 0 for k in labels], width=0.4, label="cold start")
     ax.bar([x + 0.2 for x in xs], [summary["rl"].get(k) or 0 for k in labels], width=0.4, label="after RL")
     ax.set_xticks(list(xs), labels)
     ax.set(title=f"held-out {summary.get('split', 'test')} tasks", ylim=(0, 1))
@@ -443,6 +463,104 @@ def plot(out: Path, where: Path | None = None) -> list[Path]:
     written.append(folder / "eval.png")
     plt.close(fig)
     return written
+
+
+#: held-out episodes the report shows side by side: this many that RL fixed, then up to half as many it broke
+REPORT_PAIRS = 6
+#: the evaluations the report links to, by folder: (label, arm, greedy)
+EVALUATIONS = (("eval-sft", "cold start", False), ("eval-rl", "after RL", False),
+               ("eval-sft-greedy", "cold start", True), ("eval-rl-greedy", "after RL", True))
+
+
+def report(out: Path, where: Path | None = None) -> Path:
+    """``report.html`` of a split (in ``where``, default ``out``): the comparison page
+    (:func:`muarl.report.comparison.build_comparison_report`), opening on the cold start vs after RL table
+    with its paired intervals, then the plots, the held-out conversations RL changed side by side and links
+    into the run viewer's pages, which it writes beside the runs they show (``grpo/report.html``: training
+    curves, rollouts, groups; ``eval-*/report.html``: every held-out episode). Made from the files the
+    demo wrote (``summary.json``, ``comparison*.json``, ``plots/``, the evaluations' trajectories), so a rerun
+    of a finished demo rebuilds it."""
+    from muarl.report.comparison import build_comparison_report, change_pair, href, paired_changes
+    from muarl.report.html import build_report
+
+    where = out if where is None else where
+    page = where / "report.html"
+    summary = json.loads((where / "summary.json").read_text())
+    settings = json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {}
+    temperature = float(settings.get("grpo.temperature", GRPO.temperature))
+    split, k = summary.get("split", "test"), summary["k"]
+
+    def read(name: str) -> dict[str, Any] | None:
+        return json.loads((where / name).read_text()) if (where / name).exists() else None
+
+    comparison, comparison_greedy = read("comparison.json"), read("comparison-greedy.json")
+    greedy = ((summary["sft_greedy"], summary["rl_greedy"], comparison_greedy) if "rl_greedy" in summary else None)
+    viewers: dict[str, Path] = {}  # the viewer's page of each run, every episode in it (the links' numbers)
+    for name in ("grpo", *(e[0] for e in EVALUATIONS)):
+        run = out / name if name == "grpo" else where / name
+        if run.exists():
+            viewers[name] = build_report(run, max_trajectories=5000 if name == "grpo" else 0)
+
+    changes = paired_changes(where / "eval-sft", where / "eval-rl")
+    fixed = [c for c in changes if c.gain > 0]
+    broken = [c for c in changes if c.gain < 0]
+    shown = fixed[:REPORT_PAIRS] + broken[:max(1, REPORT_PAIRS // 2)]
+    pairs = [change_pair(c, ("cold start", "after RL"),
+                         (href(viewers["eval-sft"], page, f"traj/{c.a_index}"),
+                          href(viewers["eval-rl"], page, f"traj/{c.b_index}")),
+                         title=f"{c.a.task_id} (user seed {c.a.user_seed}): {'fixed' if c.gain > 0 else 'broken'} "
+                               f"by RL, reward {c.a.reward.reward if c.a.reward else 0:g} to "
+                               f"{c.b.reward.reward if c.b.reward else 0:g}")
+             for c in shown]
+
+    links = []
+    if "grpo" in viewers:
+        links += [{"label": "GRPO training curves", "href": href(viewers["grpo"], page, "training"),
+                   "detail": "reward, groups all correct / all wrong, turns, KL, ... per step"},
+                  {"label": "GRPO rollouts, groups side by side", "href": href(viewers["grpo"], page, "groups"),
+                   "detail": "every training episode with its advantage"}]
+    for name, label, is_greedy in EVALUATIONS:
+        if name in viewers:
+            links.append({"label": f"{label}: held-out episodes, {'greedy (T = 0)' if is_greedy else f'T = {temperature:g}'}",
+                          "href": href(viewers[name], page, "trajectories"), "detail": f"{name}/"})
+    links += [{"label": name, "href": href(where / name, page), "detail": what}
+              for name, what in (("comparison.json", "the paired intervals, every metric"),
+                                 ("comparison-greedy.json", "the same, greedy"),
+                                 ("summary.json", "the figures and their provenance"),
+                                 ("changed.md", "the first changed conversations as text"))
+              if (where / name).exists()]
+
+    note = ("Change: after RL minus cold start, on the same tasks, users and trials. Interval: paired "
+            "bootstrap over tasks" + (f", {comparison['samples']} resamples" if comparison else "")
+            + " (muarl compare).")
+    seconds = summary.get("total_seconds")
+    plots = [("cold_start.png", "the cold start: its training curve"),
+             ("grpo_dynamics.png", "GRPO, per step: reward, violation rate, groups all wrong / all correct"),
+             ("eval.png", f"held-out {split} tasks: success and violations before and after RL")]
+    spec = {
+        "title": "muarl demo: cold start vs after RL",
+        "subtitle": str(out.resolve().name) + ("" if where == out else f"/{where.name}"),
+        "arms": [{"id": ARMS[0], "label": "cold start", "detail": "the model GRPO starts from",
+                  **({"href": href(viewers["eval-sft"], page, "trajectories")} if "eval-sft" in viewers else {})},
+                 {"id": ARMS[1], "label": "after RL",
+                  "detail": f"after GRPO with the scripted user in every rollout ({settings.get('grpo.steps', '?')} "
+                            "steps)",
+                  **({"href": href(viewers["eval-rl"], page, "trajectories")} if "eval-rl" in viewers else {})}],
+        "tables": [{"title": table_title(split, temperature, greedy is not None),
+                    "differences": [{"label": "change", "minus": ARMS[0], "plus": ARMS[1]}],
+                    "rows": table_rows(summary["sft"], summary["rl"], k, comparison, greedy), "note": note}],
+        "facts": {"domain": summary.get("domain"), "held-out tasks": f"{summary.get('eval_tasks')} of the {split} "
+                  f"split, {k} trials each", "seed": summary.get("seed"), "preset": summary.get("preset"),
+                  **({"minutes": round(seconds / 60, 1)} if seconds is not None else {})},
+        "plots": [{"path": where / "plots" / name, "caption": caption} for name, caption in plots
+                  if (where / "plots" / name).exists()],
+        "changed": {"title": "held-out conversations RL changed", "summary": changed_summary(changes)
+                    + (f" Shown: {len(fixed[:REPORT_PAIRS])} fixed, {len(broken[:max(1, REPORT_PAIRS // 2)])} "
+                       "broken; every episode is in the viewer." if changes else ""),
+                    "pairs": pairs},
+        "links": links,
+    }
+    return build_comparison_report(spec, page)
 
 
 STAGES = ("model", "synth", "sft-prefix", "sft", "eval-sft", "eval-sft-greedy", "grpo", "eval-rl", "eval-rl-greedy")
@@ -538,13 +656,14 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     changed = changed_conversations(where)
     plot(out, where)
     try:
-        from muarl.report.html import build_report
-
-        build_report(out / "grpo", out / "report.html")
+        page = report(out, where)
     except Exception as err:  # the report is a convenience: never lose a finished demo over it
+        page = None
         console.print(f"[yellow]report not written: {err}")
     console.print(table(before, after, config.eval_k, comparison, greedy, config.grpo.temperature, config.eval_split))
     console.print(f"total {summary['total_seconds']:.0f} s ({config.eval_split} split); run directory {out} "
                   f"(plots/, report.html, summary.json, {changed.name}: held-out conversations RL changed"
                   + (f"; this split's in {where}" if where != out else "") + ")")
+    if page is not None:
+        console.print(f"report: {page}")
     return summary
