@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any, Literal
 
 from muarl.domain import Domain
 from muarl.faults import SIDES, counts_against_policy, fault_counts, fault_rates, require_unfaulted, side_of
+from muarl.files import atomic_write
 from muarl.policies.base import Policy
 from muarl.provenance import record as provenance_record
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
@@ -224,10 +224,10 @@ class EvalResult:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.trajectories and not (out / TRAJECTORIES).exists():
-            _atomic_write(out / TRAJECTORIES, "".join(t.model_dump_json() + "\n"
-                                                      for g in self.trajectories for t in g))
-        _atomic_write(out / RESULTS, json.dumps(self.to_json(), indent=1) + "\n")
-        _atomic_write(out / REPORT, self.markdown())
+            atomic_write(out / TRAJECTORIES, "".join(t.model_dump_json() + "\n"
+                                                     for g in self.trajectories for t in g))
+        atomic_write(out / RESULTS, json.dumps(self.to_json(), indent=1) + "\n")
+        atomic_write(out / REPORT, self.markdown())
 
     @property
     def k(self) -> int:
@@ -357,14 +357,7 @@ def _check_run_dir(out: Path, config: dict[str, Any], provenance: dict[str, Any]
     elif (out / TRAJECTORIES).exists():
         raise ValueError(f"{out / TRAJECTORIES} exists but {out} has no {RUN_CONFIG} from an evaluation "
                          "(a `muarl rollout` directory?); use an empty output directory")
-    _atomic_write(saved, json.dumps({**config, "provenance": provenance}, indent=1) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a kill never leaves a half-written results file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(saved, json.dumps({**config, "provenance": provenance}, indent=1) + "\n")
 
 
 async def evaluate_async(

@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from muarl.cache import cache_dir
+from muarl.files import atomic_folder
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -46,10 +46,9 @@ def smollm2_path() -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a half-written cache is never picked up
+    with atomic_folder(target) as tmp:  # a half-written cache is never picked up
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return target
 
 

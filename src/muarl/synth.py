@@ -22,6 +22,7 @@ from typing import Any
 
 from muarl.domain import Domain
 from muarl.faults import RunFailed, fault_message
+from muarl.files import write_lines
 from muarl.policies.base import Policy
 from muarl.provenance import record
 from muarl.rollout import EpisodeConfig, RolloutEngine
@@ -263,9 +264,7 @@ def map_records(src: Path, dst: Path, fn: Callable[[dict[str, Any]], dict[str, A
     ``src``); returns how many lines."""
     lines = [json.dumps(fn(json.loads(line)), ensure_ascii=False)
              for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(dst)
+    write_lines(dst, lines)
     return len(lines)
 
 
@@ -337,7 +336,5 @@ def synthesize(
     if report.refused:
         data.unlink(missing_ok=True)  # an earlier run's data set would read as this one's
         raise SynthesisFailed(f"synthesis: {report.refused}; the trajectories are in {out / 'trajectories'}")
-    tmp = data.with_name(data.name + ".tmp")  # written whole or not at all
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(data)
+    write_lines(data, lines)  # written whole or not at all
     return report

@@ -11,13 +11,12 @@ treats it exactly like SmolLM2 or a real Qwen3.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from muarl.cache import cache_dir
+from muarl.files import atomic_folder
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
                   "<tool_response>", "</tool_response>"]
@@ -221,15 +220,9 @@ def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | No
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), bos_token_id=None,
     )
     model = Qwen3ForCausalLM(model_config)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(out)  # atomic: a half-written checkpoint is never picked up
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / "config.json").exists():
-            raise
+    with atomic_folder(out) as tmp:  # a half-written checkpoint is never picked up; a finished one is kept
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return out
 
 

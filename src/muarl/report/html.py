@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from muarl.files import atomic_write
 from muarl.report import data as rd
 from muarl.report.plots import fmt, line_chart
 from muarl.report.tokens import PrefixTable, find_tokenizer, vocab
@@ -238,7 +239,4 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, tokenize
     page = render(run, tok, tok_name, compress)
     target = Path(out) if out is not None else run.path / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return atomic_write(target, page)

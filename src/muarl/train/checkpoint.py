@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from muarl.files import fsync_dir
 from muarl.train.diskspace import OutOfSpace, free_bytes, out_of_space, size_text, tree_size
 from muarl.train.distributed import Dist
-from muarl.train.manifest import STATE_KEY, check_checkpoint, fsync_dir, write_manifest
+from muarl.train.manifest import STATE_KEY, check_checkpoint, write_manifest
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 #: where a damaged checkpoint is moved on resume (out of the ``step_N`` names that resume and pruning see)

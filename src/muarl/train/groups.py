@@ -17,6 +17,7 @@ import torch
 
 from muarl.algorithms import informative_groups
 from muarl.faults import credited_reward
+from muarl.files import atomic_open
 from muarl.train.grpo_config import GRPOConfig
 from muarl.types import Task, Trajectory
 
@@ -67,14 +68,12 @@ def write_rollouts(out: Path, step: int, groups: list[list[Trajectory]], advanta
     folder = out / "rollouts"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:06d}.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for g, group in enumerate(groups):
             for m, traj in enumerate(group):
                 traj.metadata.update(step=step, group=g, member=m, advantage=float(advantages[g, m]),
                                      trained=trained[g][m])
                 f.write(traj.model_dump_json() + "\n")
-    tmp.replace(path)
     return path
 
 

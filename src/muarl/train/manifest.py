@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muarl.files import atomic_write
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 #: the key a checkpoint's state.json carries when its directory has a manifest (absent: an older muarl's)
@@ -50,13 +52,7 @@ def write_manifest(directory: Path) -> None:
             os.fsync(f.fileno())  # on disk before the manifest vouches for it
             digest = hashlib.file_digest(f, "sha256").hexdigest()
         files[rel] = {"size": path.stat().st_size, "sha256": digest}
-    tmp = directory / f".{MANIFEST}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / MANIFEST)
-    fsync_dir(directory)
+    atomic_write(directory / MANIFEST, json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n", durable=True)
 
 
 def check_checkpoint(directory: Path) -> Verdict:
@@ -85,20 +81,6 @@ def check_checkpoint(directory: Path) -> Verdict:
             if hashlib.file_digest(f, "sha256").hexdigest() != sha:
                 return Verdict(f"{rel} does not match its SHA-256 in the manifest (bytes changed since the save)")
     return Verdict()
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or a new file in ``directory`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _without_manifest(directory: Path) -> Verdict:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from muarl.files import write_lines
 from muarl.train import RunSettings, autocast
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example
@@ -137,9 +138,7 @@ class ConversationStream:
         if not lines:
             raise ValueError(f"chunk {c} of {domain.name} kept no conversation: the expert won no task")
         random.Random(f"stream:{seed}").shuffle(lines)
-        tmp_path = path.with_suffix(".jsonl.tmp")
-        tmp_path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        tmp_path.replace(path)  # whole or absent: a killed run never leaves half a chunk
+        write_lines(path, lines)  # whole or absent: a killed run never leaves half a chunk
         return [json.loads(line) for line in lines]
 
     def records(self, start: int, count: int) -> list[dict[str, Any]]:
@@ -297,6 +296,4 @@ def _write_probes(out: Path, history: list[dict[str, Any]]) -> None:
     """``out/copy_probe.jsonl``: the copy-probe curve so far, rewritten whole (a resumed run never repeats a line)."""
     lines = [json.dumps({k: r[k] for k in ("step", "probe_loss", "copy_accuracy")}) for r in history
              if "copy_accuracy" in r]
-    tmp = out / "copy_probe.jsonl.tmp"
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(out / "copy_probe.jsonl")
+    write_lines(out / "copy_probe.jsonl", lines)

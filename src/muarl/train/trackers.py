@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from muarl.files import write_lines
+
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -59,9 +61,7 @@ class Trackers:
         history = history or []
         first = history[-1]["step"] + 1 if history else 1
         path = self.out / "metrics.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
-        tmp.replace(path)  # atomic: a kill here leaves either the old or the truncated file
+        write_lines(path, [json.dumps(r) for r in history])  # a kill here leaves the old or the truncated file
         self.log_file = path.open("a")
         for tracker in self.names:
             self._sinks.append(_OPENERS[tracker](self.out, config, first, name))
