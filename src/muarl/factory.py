@@ -6,7 +6,8 @@ table owes to tasks that need no action) | ``hf:PATH`` (a checkpoint directory, 
 checkpoints served by vLLM, an adapter served on its base, token in / token out; needs
 vLLM: ``scripts/install_vllm.sh``) | ``vllm-server:URL#MODEL`` (the same, from a running vLLM server;
 needs no vLLM here) | ``openai:URL#MODEL`` | ``module:attr`` (a :class:`Policy` of one's own, or a
-zero-argument factory of one). Users: ``scripted`` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |
+zero-argument factory of one). Users: ``scripted`` | ``static`` (the task stated whole in one opening, then
+only yes to the wanted action: the ablation's user without a dialogue) | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |
 ``module:attr`` (a :class:`UserSimulator`, or a factory). A known prefix wins over ``module:attr``
 (``openai:http://...`` holds colons). An API key for an endpoint comes from ``$OPENAI_API_KEY`` (default
 "EMPTY" for local servers).
@@ -26,7 +27,7 @@ from muarl.users.base import UserSimulator
 POLICY_FORMS = ("expert | expert-noconfirm | noop | hf:PATH | vllm:PATH | vllm-server:URL#MODEL | openai:URL#MODEL"
                 " | module:attr")
 #: the accepted --user forms
-USER_FORMS = "scripted | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
+USER_FORMS = "scripted | static | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
 
 
 class SpecError(ValueError):
@@ -103,6 +104,10 @@ def make_user(spec: str, http_timeout: float | None = None, max_tokens: int | No
         from muarl.users.scripted import ScriptedUser
 
         return ScriptedUser()
+    if spec == "static":
+        from muarl.users.static import StaticUser
+
+        return StaticUser()
     if spec.startswith("llm:"):
         from muarl.users.llm import LLMUser
 

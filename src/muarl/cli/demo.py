@@ -17,7 +17,7 @@ DESCRIPTION = "MUA-RL on a CPU, from the shipped cold-start base to an agent RL 
 RECIPE = ("hidden_size", "layers", "heads", "head_dim", "kv_heads", "prompt", "sft_conversations", "synth_families",
           "prefix_calls", "prefix_epochs", "prefix_batch")
 #: the nested configs' fields the demo varies, with their options (None: the field's own)
-GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "tasks_per_step": None, "group_size": None,
+GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "user": None, "tasks_per_step": None, "group_size": None,
                 "kl_beta": None, "num_iterations": None, "dynamic_sampling": None, "mask_truncated": None,
                 "penalize_violations": None, "violation_reward": None, "temperature": None, "max_new_tokens": None,
                 "max_turns": None, "max_staleness": None, "tis_cap": None}

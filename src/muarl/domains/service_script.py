@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from muarl.users.phrases import ASK, says
+from muarl.users.phrases import ASK, says, words
 from muarl.users.script import UserScript
 
 if TYPE_CHECKING:
@@ -89,6 +89,23 @@ FACT_SENTENCES: dict[str, list[str]] = {
     "data_need": ["{V}.", "I need {v}."],
 }
 
+#: fact key -> how a customer states it unasked (the static user's opening); other keys: "My <key> is <v>."
+FACT_STATEMENTS: dict[str, str] = {
+    "zip": "My zip code is {v}.",
+    "dob": "My date of birth is {v}.",
+    "reason": "The reason is: {v}.",
+    "cancel_reason": "The reason is: {v}.",
+    "symptom": "The problem: {v}.",
+    "location": "I'm in {v} right now.",
+    "origin": "I'm flying from {v}.",
+    "destination": "I'm flying to {v}.",
+    "lost_phone_number": "The lost phone's number is {v}.",
+    "items": "The items: {v}.",
+    "passengers": "The passengers: {v}.",
+    "total_baggages": "Checked bags in total: {v}.",
+    "insurance": "Travel insurance: {v}.",
+}
+
 _PAY_ID = re.compile(r"\b(credit_card|paypal|gift_card|certificate)_\d+\b")
 
 
@@ -139,6 +156,18 @@ class ServiceUserScript(UserScript):
         if goal is not None:
             facts.update(self.goal_facts(goal, k))
         return facts
+
+    def statements(self, session: ScriptedSession, facts: Mapping[str, str]) -> list[str]:
+        """The customer's name first, in one sentence from its parts (always: it is who the agent looks up,
+        even when another fact's wording happens to contain it), then the other facts by
+        :data:`FACT_STATEMENTS`, else the generic sentence."""
+        names = ("first_name", "last_name", "full_name")
+        parts = [session.known[key] for key in names if key in session.known]
+        said = [f"My name is {' '.join(parts)}."] if parts else []
+        for key, value in facts.items():
+            if key not in names:
+                said.append(FACT_STATEMENTS.get(key, f"My {words(key)} is {{v}}.").format(v=value))
+        return said
 
     def goal_facts(self, goal: Goal, known: Mapping[str, str]) -> dict[str, str]:
         """Facts that depend on the goal in progress (its order, reservation, items, amounts ...)."""

@@ -24,7 +24,8 @@ class GRPOConfig(RunSettings):
                 "the KL reference"})
     domain: str = field(default="retail", metadata={"help": "domain name (see `muarl domains`) or module:attr"})
     split: str = field(default="train", metadata={"help": "task split to train on"})
-    user: str = field(default="scripted", metadata={"help": "scripted | llm:URL#MODEL | module:attr"})
+    user: str = field(default="scripted", metadata={
+        "help": "scripted | static (the task stated whole in one message, no dialogue) | llm:URL#MODEL | module:attr"})
     out: str = field(default="runs/grpo", metadata={"help": "run directory: model/, metrics.jsonl, config.json"})
     steps: int = field(default=25, metadata={"help": "optimizer steps (each plays a batch of rollouts)"})
     tasks_per_step: int = field(default=32, metadata={"help": "training tasks played per step"})

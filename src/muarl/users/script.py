@@ -222,6 +222,13 @@ class UserScript:
         pattern = session.rng.choice(["My {w} is {v}.", "The {w} is {v}."])
         return pattern.format(w=words(key), v=value)
 
+    def statements(self, session: ScriptSession, facts: Mapping[str, str]) -> list[str]:
+        """``facts`` (known facts, in the scenario's order) stated unasked, a sentence each: the
+        non-interactive user (:mod:`muarl.users.static`) says every fact in its opening, since no question of
+        the agent's will ever be answered. A domain overrides it for its own wording (a name in one
+        sentence); each value must stay in it verbatim, so that the agent can copy it."""
+        return [f"My {words(key)} is {render(value)}." for key, value in facts.items()]
+
     # -- proposals -------------------------------------------------------------------------------------
     def action_pattern(self, action: str) -> str:
         """A regex for words that name ``action``: its tool name, the name in words, or its verb."""
