@@ -38,6 +38,9 @@ if [[ -n "$extras" ]]; then
   "$PY" -m pip install --quiet colorlog filetype jsonlines
   # a third-party MCP server from PyPI for the MCP tests (same pin as the mcp-servers extra)
   "$PY" -m pip install --quiet "mcp-server-time==2026.10.19"
+  # a stateful third-party MCP server, in a virtualenv of its own (it needs the MCP SDK 1.x): the tests
+  # that grade an MCP domain by the server's state run it from there (tests/test_mcp_state.py)
+  PYTHON="$PY" bash scripts/install_mcp_sqlite.sh
   # The HTML viewer's browser test drives Debian's chromium + chromedriver through selenium (extra view).
   # apt runs only when one of them is missing, so a second install is instant.
   "$PY" -m pip install --quiet "selenium>=4.15"

@@ -181,7 +181,7 @@ def test_divergence_from_the_local_replay_is_a_tool_fault(tmp_path: Path, retail
                  and all(a.name == "modify_user_address" for a in t.gold_actions))
     order = cancel.gold_actions[0].arguments["order_id"]
     shared = ServerSpec(command=(PY, PLAIN, "--retail", "--state-dir", str(tmp_path / "shared")))
-    domain = mcp_domain(shared, base="retail")
+    domain = mcp_domain(shared, base="retail", shared_state=True)  # shared on purpose (else refused, issue 33)
     assert not domain.muarl_server  # a third-party server: muarl grades its own replay
 
     first = domain.env(cancel)
@@ -238,6 +238,7 @@ def test_cli_config_gives_tasks_read_only_and_a_call_timeout(tmp_path: Path,
     assert time.monotonic() - start < 2.0 + 4.0
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"server": f"{PY} {PLAIN}", "tasks": "tasks.json", "tool_timeout": 3}))
+    capsys.readouterr()  # the good config's note that it grades by the call log (no "state" reader)
     assert main(_rollout(f"mcp:{bad}", tmp_path / "run")) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown key(s) tool_timeout" in err and len(err.splitlines()) == 1

@@ -14,6 +14,8 @@ Per-episode state. Every stdio session gets a fresh private folder, removed when
 ``{episode_dir}`` in the command, in ``env`` values or in ``cwd`` is replaced by its path, and the
 server's environment has it as ``MUARL_EPISODE_DIR``. A server that keeps state in files (or in
 anything it can be pointed at) is then one instance per episode, never shared between episodes.
+``ServerSpec.files`` seeds the folder before the server starts: each named file or folder is a fresh
+copy of its source (a seed database, say), which is only ever read.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class ServerSpec:
     ``control_token`` is presented (in ``_meta``) to list and call a muarl server's control tools;
     ``auth_token`` is sent to an HTTP server as ``Authorization: Bearer``. A stdio server gets the safe
     default environment (PATH, HOME, ...) plus ``env``, never the whole environment of muarl's process.
+    ``files`` (stdio only) maps a name inside the episode folder to a source file or folder, copied there
+    for every session before the server starts (the source is only read).
     """
 
     command: tuple[str, ...] = ()
@@ -68,10 +72,16 @@ class ServerSpec:
     cwd: str | None = None
     control_token: str | None = field(default=None, repr=False)
     auth_token: str | None = field(default=None, repr=False)
+    files: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if bool(self.command) == bool(self.url):
             raise ValueError("an MCP server is either a command (stdio) or a URL (streamable HTTP), not both")
+        if self.files and self.url:
+            raise ValueError("files are copied into a stdio server's episode folder; a URL's server has none")
+        for name in self.files:
+            if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or not name.strip("/."):
+                raise ValueError(f"files: {name!r} is not a name inside the episode folder")
 
     @classmethod
     def parse(cls, text: str) -> ServerSpec:
@@ -108,6 +118,16 @@ class ServerSpec:
 
         env = {**get_default_environment(), **{k: fill(v) for k, v in self.env.items()}, EPISODE_ENV: episode_dir}
         return [fill(a) for a in self.command], env, fill(self.cwd) if self.cwd else None
+
+    def seed(self, episode_dir: str) -> None:
+        """Copy ``files`` into a new session's folder (fresh copies: the sources are only read)."""
+        for name, source in self.files.items():
+            target = os.path.join(episode_dir, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.isdir(source):
+                shutil.copytree(source, target)
+            else:
+                shutil.copyfile(source, target)
 
 
 @dataclass
@@ -221,6 +241,7 @@ class RemoteSession:
         if self.spec.url:
             return _http_transport(self.spec.url, self.spec.auth_token) if self.spec.auth_token else self.spec.url
         self.episode_dir = tempfile.mkdtemp(prefix="muarl-mcp-")
+        self.spec.seed(self.episode_dir)
         command, env, cwd = self.spec.launch(self.episode_dir)
         return stdio_transport(command, env, cwd, self.process)
 
@@ -345,7 +366,32 @@ class RemoteSession:
             if not cursor:
                 return tools
 
+    async def _read_resource(self, uri: str) -> CallOutcome:
+        await self._ensure_open()
+        if self.fault is not None or self._client is None:
+            return CallOutcome(False, f"Error: {self.fault or 'the tool server is closed'}", "tool_fault")
+        try:
+            result = await _bounded(self._client.read_resource(uri), self.timeout)
+        except asyncio.TimeoutError:
+            return CallOutcome(False, f"Error: the tool server did not read {uri} within {self.timeout:g} s", "tool_fault")
+        except Exception as err:  # noqa: BLE001 - an unknown resource, or a broken server
+            return CallOutcome(False, f"Error: reading {uri}: {_describe(err)}", "domain")
+        parts = [getattr(c, "text", None) or f"[blob {getattr(c, 'blob', '')}]" for c in result.contents]
+        return CallOutcome(True, "\n".join(parts))
+
+    async def _open(self) -> str | None:
+        await self._ensure_open()
+        return self.fault
+
     # -- public API -----------------------------------------------------------------------------------
+    def open(self) -> str | None:
+        """Start the session now (it otherwise starts on its first call); the fault, if it could not."""
+        return background_loop().submit(self._open()).result(self.connect_timeout + 15)
+
+    def read_resource(self, uri: str) -> CallOutcome:
+        """An MCP resource's text (its blobs as base64), from synchronous code."""
+        return _wait(background_loop().submit(self._read_resource(uri)), self.timeout + self.connect_timeout + 15)
+
     def call(self, name: str, arguments: Mapping[str, Any], *, control: bool = False) -> CallOutcome:
         """Call a tool from synchronous code (never from the background loop's own thread).
 

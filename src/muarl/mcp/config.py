@@ -13,10 +13,14 @@ Every key but ``server`` is optional::
       "connect_timeout": 30,               # seconds for the server to start (default 60)
       "env": {"NOTES_HOME": "{episode_dir}"},   # extra environment of a command (values may use {episode_dir})
       "cwd": "{episode_dir}",              # working folder of a command
-      "policy": "Help the user with their notes."
+      "policy": "Help the user with their notes.",
+      "episode_files": {"notes.db": "seed.db"},   # copied into every episode folder before the server starts
+      "state": {"tool": "dump", "arguments": {}},  # how the state is read (muarl.mcp.state): rewards compare it
+      "error_pattern": "^(Error|Database error):",  # a successful answer matching this is a failed call
+      "shared_state": false                # true: a state path outside {episode_dir} is shared on purpose
     }
 
-Relative paths (``tasks``, ``cwd``) are taken from the file's folder.
+Relative paths (``tasks``, ``cwd``, the sources of ``episode_files``) are taken from the file's folder.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from muarl.mcp.client import EPISODE_DIR, ServerSpec
+from muarl.mcp.client import EPISODE_DIR, ServerSpec, ServerUnavailable
+from muarl.mcp.state import StateReader
 
-KEYS = ("server", "name", "base", "tasks", "read_only", "call_timeout", "connect_timeout", "env", "cwd", "policy")
+KEYS = ("server", "name", "base", "tasks", "read_only", "call_timeout", "connect_timeout", "env", "cwd", "policy",
+        "episode_files", "state", "error_pattern", "shared_state")
 
 
 def _fail(path: Path, message: str) -> ValueError:
@@ -58,7 +64,21 @@ def _spec(path: Path, data: dict[str, Any]) -> ServerSpec:
         raise _fail(path, '"env" and "cwd" apply to a command the client starts, not to a URL')
     if cwd and EPISODE_DIR not in cwd:
         cwd = str(path.parent / cwd)
-    return dataclasses.replace(spec, env=env, cwd=cwd) if spec.command else spec
+    files = data.get("episode_files") or {}
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise _fail(path, '"episode_files" must be an object: {"name in the episode folder": "source path"}')
+    if spec.url and files:
+        raise _fail(path, '"episode_files" are copied into the episode folder of a command, not of a URL')
+    sources = {name: path.parent / source for name, source in files.items()}
+    for name, source in sources.items():
+        if not source.exists():
+            raise _fail(path, f'"episode_files": {name}: no such file {source}')
+    if not spec.command:
+        return spec
+    try:
+        return dataclasses.replace(spec, env=env, cwd=cwd, files={k: str(v) for k, v in sources.items()})
+    except ValueError as err:
+        raise _fail(path, f'"episode_files": {err}') from None
 
 
 def load_config(path: Path) -> Any:
@@ -88,5 +108,22 @@ def load_config(path: Path) -> Any:
     if task_file is not None and not task_file.is_file():
         raise _fail(path, f'"tasks": no such file {task_file}')
     timeouts = {k: v for k in ("call_timeout", "connect_timeout") if (v := _seconds(path, data, k)) is not None}
-    return mcp_domain(_spec(path, data), base=data.get("base") or None, name=data.get("name"), tasks=task_file,
-                      read_only=read_only, policy=data.get("policy"), **timeouts)
+    pattern = data.get("error_pattern")
+    if pattern is not None and not isinstance(pattern, str):
+        raise _fail(path, '"error_pattern" must be a regular expression (a string)')
+    shared = data.get("shared_state", False)
+    if not isinstance(shared, bool):
+        raise _fail(path, '"shared_state" must be true or false')
+    try:
+        state = StateReader.parse(data["state"]) if data.get("state") is not None else None
+    except ValueError as err:
+        raise _fail(path, str(err)) from None
+    spec = _spec(path, data)
+    try:
+        return mcp_domain(spec, base=data.get("base") or None, name=data.get("name"), tasks=task_file,
+                          read_only=read_only, policy=data.get("policy"), state=state, error_pattern=pattern,
+                          shared_state=shared, **timeouts)
+    except ServerUnavailable:
+        raise
+    except ValueError as err:
+        raise _fail(path, str(err)) from None

@@ -18,16 +18,33 @@ Grading. The database lives in the server, so the reward needs help from one of 
   where the shadow fails or the reverse, or another successful output) means the server's world is not
   the one muarl grades: the call is marked ``tool_fault`` and the final hash is "unavailable", so the
   episode can never score on the shadow's word alone.
-- **Without a base** (any third-party server): the domain's "database" is the log of successful
-  write calls (a table ``calls`` of ``{tool, arguments}`` in order). The reward is then action
-  matching: the agent's successful writes equal the gold actions replayed on a fresh session. Tools
-  the server annotates ``readOnlyHint`` are reads; unannotated tools count as writes unless listed in
-  ``read_only``. Tasks come from ``tasks=`` (muarl Task objects or a tasks JSON file).
+- **Without a base, with a state reader** (``state=``, :mod:`muarl.mcp.state`): the reward compares the
+  server's state after the agent's episode with its state after the gold actions replayed on a fresh
+  instance (a new session: for stdio a new process on a new episode folder, seeded afresh from
+  ``ServerSpec.files``). The state is what the reader returns: a read tool's result (a dump query), a
+  resource, or files of the episode folder hashed canonically.
+- **Without a base or a state reader** (any third-party server): the domain's "database" is the log of
+  successful write calls (a table ``calls`` of ``{tool, arguments}`` in order), and the reward is action
+  matching: the agent's successful writes equal the gold actions replayed on a fresh session. The command
+  says so once on stderr. Tools the server annotates ``readOnlyHint`` are reads; unannotated tools count
+  as writes unless listed in ``read_only``. Tasks come from ``tasks=`` (muarl Task objects or a tasks JSON
+  file).
+
+In-band errors. Many servers answer a failed call with ordinary text (``Database error: ...``) rather
+than the protocol's ``isError``. ``error_pattern`` (a regular expression, searched in each successful
+result's text) turns such an answer into a failed call: no write is logged, and a gold action that fails
+this way (or any other) makes the gold state "unavailable", so no episode can score on a task whose gold
+the server rejected. Without a base the write log keeps successful writes either way, for the per-action
+checks (TCR).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
+import secrets
+import sys
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,6 +57,7 @@ from muarl.domain import Domain, load_tasks
 from muarl.env import Env
 from muarl.mcp.client import CallOutcome, RemoteSession, RemoteTool, ServerSpec, ServerUnavailable
 from muarl.mcp.server import CONTROL_PREFIX, RESET_TOOL, STATE_TOOL, USER_TOOL
+from muarl.mcp.state import StateReader, canonical_files, shared_state_paths, state_digest
 from muarl.tools import Tool
 from muarl.types import Action, Actor, Task, ToolRecord, ToolSpec
 
@@ -80,6 +98,10 @@ class MCPDomain(Domain):
     #: whether the server offers muarl's control tools (state hash, reset, user tools)
     muarl_server: bool = False
     fixed_tasks: list[Task] | None = None
+    #: how the server's state is read (without a base): rewards compare it with gold's; None: the write log
+    state: StateReader | None = None
+    #: a successful result whose text matches this is a failed call (a server's in-band errors)
+    error_pattern: re.Pattern[str] | None = None
 
     def env(self, task: Task | None = None, **context: Any) -> MCPEnv:
         return MCPEnv(self, task, context)
@@ -113,6 +135,10 @@ class MCPEnv(Env):
         self._started = False
         #: the first server answer that differed from the local shadow's (the server is not the world graded)
         self.divergence: str | None = None
+        #: the first gold action (run through :meth:`run`) that the server did not accept
+        self.rejected: str | None = None
+        #: the state reader's last results, (probe, text) in order
+        self.state_parts: list[tuple[str, str]] | None = None
         self._closer = weakref.finalize(self, self.session.close_soon)
 
     # -- calls ----------------------------------------------------------------------------------------
@@ -151,6 +177,7 @@ class MCPEnv(Env):
         return []
 
     def _finish(self, record: ToolRecord, outcome: CallOutcome) -> ToolRecord:
+        outcome = self._in_band(outcome)
         record.ok, record.output = outcome.ok, outcome.text
         record.error = None if outcome.ok else outcome.error or "domain"
         if outcome.error != "tool_fault" and self.shadow is not None:
@@ -161,6 +188,14 @@ class MCPEnv(Env):
             record.changed = self.db.commit()
         self.log.append(record)
         return record
+
+    def _in_band(self, outcome: CallOutcome) -> CallOutcome:
+        """A successful answer that says it failed (``error_pattern``) is a failed call."""
+        pattern = self.domain.error_pattern
+        if outcome.ok and pattern is not None and pattern.search(outcome.text):
+            text = outcome.text if outcome.text.startswith("Error") else f"Error: {outcome.text}"
+            return CallOutcome(False, text, "domain", outcome.structured)
+        return outcome
 
     def _mirror(self, record: ToolRecord, outcome: CallOutcome) -> None:
         """Replay the server's call on the local shadow; an answer that differs marks a tool fault."""
@@ -208,26 +243,78 @@ class MCPEnv(Env):
             record = self.shadow.run(action)
             self.log.append(record)
             return record
-        return self.call(action.name, action.arguments, actor=action.actor)
+        record = self.call(action.name, action.arguments, actor=action.actor)
+        if not record.ok and self.rejected is None:  # the gold state is then no state to compare with
+            self.rejected = f"the tool server did not accept gold action {record.name}: {_brief(record.output)}"
+        return record
 
     # -- state ----------------------------------------------------------------------------------------
     def hash(self) -> str:
-        """The server's own state hash when it has one and this env talked to it, else the local one."""
+        """The server's own state hash when it has one and this env talked to it; the hash of what the state
+        reader returns when the domain has one; else the local one. An unknown state ("unavailable: ...")
+        equals no other hash, another unavailable one included."""
         if self.session.fault is not None:
-            return f"unavailable: {self.session.fault}"
+            return _unavailable(self.session.fault)
         if self.divergence is not None:
-            return f"unavailable: {self.divergence}"
+            return _unavailable(self.divergence)
+        if self.rejected is not None:
+            return _unavailable(self.rejected)
         if self.domain.muarl_server and self.session.opened:
             outcome = self.session.call(STATE_TOOL, {}, control=True)
             if not outcome.ok:
-                return f"unavailable: {outcome.text}"
+                return _unavailable(outcome.text)
             return str(_json(outcome.text).get("hash"))
+        if self.domain.state is not None:
+            parts = self.read_state()
+            return _unavailable(parts) if isinstance(parts, str) else state_digest(parts)
         return self.db.hash()
+
+    def read_state(self) -> list[tuple[str, str]] | str:
+        """The state reader's results, (probe, text) in order, or why the state cannot be read."""
+        assert self.domain.state is not None
+        parts: list[tuple[str, str]] = []
+        for probe in self.domain.state.probes:
+            if probe.tool is not None:
+                outcome = self._in_band(self.session.call(probe.tool, probe.arguments))
+            elif probe.resource is not None:
+                outcome = self.session.read_resource(probe.resource)
+            else:
+                fault = self.session.open()
+                folder = self.session.episode_dir
+                if fault is not None or folder is None:
+                    return f"the state files cannot be read: {fault or 'the server has no episode folder'}"
+                outcome = CallOutcome(True, canonical_files(folder, probe.files))
+            if not outcome.ok:
+                return f"the state reader's {probe.describe()} failed: {_brief(outcome.text)}"
+            parts.append((probe.describe(), outcome.text))
+        self.state_parts = parts
+        return parts
+
+    def diff(self, other: Env) -> list[str]:
+        """With a state reader: the lines of state that differ from ``other``'s (the expected state)."""
+        if self.domain.state is None or not isinstance(other, MCPEnv):
+            return super().diff(other)
+        mine, theirs = self.state_parts, other.state_parts
+        if mine is None or theirs is None:
+            return ["state: " + (self.rejected or other.rejected or self.session.fault or other.session.fault
+                                 or "not read")]
+        lines = []
+        for (probe, a), (_, b) in zip(mine, theirs, strict=True):
+            changed = [f"{probe}: {line}" for line in difflib.unified_diff(b.splitlines(), a.splitlines(), "gold",
+                                                                          "episode", n=0, lineterm="")
+                       if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+            lines += changed
+        return lines[:40]
 
     def close(self) -> None:
         """End the server session now (it is also ended when the env is garbage-collected)."""
         self._closer.detach()
         self.session.close()
+
+
+def _unavailable(reason: str) -> str:
+    """An unknown state's hash: a random tag makes it equal no other, so two failures never match."""
+    return f"unavailable: {reason} [{secrets.token_hex(6)}]"
 
 
 def _as_fault(outcome: CallOutcome, what: str) -> CallOutcome:
@@ -259,13 +346,35 @@ def mcp_domain(
     policy: str | None = None,
     call_timeout: float = 30.0,
     connect_timeout: float = 60.0,
+    state: StateReader | dict[str, Any] | list[dict[str, Any]] | None = None,
+    error_pattern: str | None = None,
+    shared_state: bool = False,
 ) -> MCPDomain:
     """Build a domain from an MCP server's tools (listed once, now, over a short-lived session).
 
     ``base`` (a Domain or a registered name) supplies tasks, policy and grading when the server serves
-    that domain; its tools must match what the server lists. Without it, ``tasks`` supplies the tasks.
+    that domain; its tools must match what the server lists. Without it, ``tasks`` supplies the tasks, and
+    ``state`` (a :class:`~muarl.mcp.state.StateReader` or its config form) how the server's state is read
+    for the reward; without ``state`` the reward compares write logs, and this says so once on stderr.
+    ``error_pattern``: a regular expression that marks a successful result's text as a failed call.
+    A stdio command that names a state path outside ``{episode_dir}`` (shared by every episode) is refused
+    before anything starts, unless ``shared_state`` (the server only reads it, or sharing is the point).
     """
     spec = ServerSpec.parse(server) if isinstance(server, str) else server
+    reader = StateReader.parse(state) if state is not None else None
+    pattern = _compile(error_pattern)
+    if spec.command and not shared_state:
+        shared = shared_state_paths(spec.command, spec.env, spec.cwd)
+        if shared:
+            raise ValueError(f"MCP server {spec.describe()}: {', '.join(repr(s) for s in shared)} would be one state "
+                             "for every episode and gold replay (each would see and change the others' writes): put it "
+                             "in {episode_dir} (copy a seed there with files=, \"episode_files\" in a config), or "
+                             "declare shared_state (\"shared_state\": true) if the server only reads it")
+    if reader is not None and base is not None:
+        raise ValueError("state: a server with a base domain is graded by the base's database (and its own "
+                         "muarl_state); a state reader is for servers without one")
+    if reader is not None and reader.needs_files and not spec.command:
+        raise ValueError(f"state: files are read from a stdio server's episode folder; {spec.describe()} is a URL")
     if isinstance(base, str):
         from muarl.domain import get_domain
 
@@ -301,12 +410,41 @@ def mcp_domain(
         if unknown:
             raise ValueError(f"read_only: MCP server {spec.describe()} has no tool(s) {', '.join(unknown)}")
         tools = [proxy_tool(t, read_only) for t in remote]
+        if reader is not None:
+            kinds = {t.spec.name: t.spec.kind for t in tools}
+            bad = [n for n in reader.tools if kinds.get(n) != "read"]
+            if bad:
+                raise ValueError(f"state: {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not read tool(s) of MCP "
+                                 f"server {spec.describe()} (reading the state must not change it; list a read tool "
+                                 "in read_only)")
+        else:
+            _say_once(spec.describe(), f"muarl: MCP server {spec.describe()} declares no state reader (\"state\", "
+                      "docs/mcp.md#grading-by-state): rewards compare its log of successful write calls with gold's, "
+                      "not its state")
         values = dict(name=name or f"mcp:{spec.describe()}", description=f"tools of the MCP server {spec.describe()}",
                       policy=policy or "Help the user with the tools you have.", tools=tools,
                       build_db=lambda seed, size: {CALLS: {}}, build_tasks=lambda d, seed, counts: [],
                       requires_auth=False)
     return MCPDomain(**values, server=spec, mirror=base, call_timeout=call_timeout, connect_timeout=connect_timeout,
-                     muarl_server=muarl_server, fixed_tasks=fixed)
+                     muarl_server=muarl_server, fixed_tasks=fixed, state=reader, error_pattern=pattern)
+
+
+def _compile(pattern: str | None) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"error_pattern {pattern!r} is not a regular expression: {err}") from None
+
+
+_told: set[str] = set()
+
+
+def _say_once(key: str, line: str) -> None:
+    if key not in _told:
+        _told.add(key)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _check_same_database(probe: RemoteSession, base: Domain) -> None:

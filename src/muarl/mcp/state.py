@@ -1,0 +1,213 @@
+"""How a domain made from an MCP server reads the server's state, so that rewards compare states.
+
+A third-party server keeps its world to itself: muarl sees only what its tools answer. Without help the
+reward can compare only the log of successful write calls with gold's (two INSERTs of the same row in
+another column order differ; a write the server rejected in plain text counts as done). A
+:class:`StateReader` says how to read the state instead, as one or more probes whose results together
+are the state:
+
+- ``{"tool": "read_query", "arguments": {"query": "SELECT * FROM loans ORDER BY id"}}``: a read tool's
+  result (a dump query, a listing); the tool must be a read, so that reading changes nothing;
+- ``{"resource": "memo://insights"}``: an MCP resource's text;
+- ``{"files": ["library.db", "notes/*.json"]}``: files in the episode folder (stdio servers), hashed
+  canonically: an SQLite database by its schema and rows (opened read-only; page layout, free pages and
+  the change counter do not count), a ``.json`` file by its parsed value, anything else by its bytes.
+
+The state hash is a SHA-256 over the probes' results in order. :func:`shared_state_paths` finds a state
+path that every episode's server command would share (``--db-path seed.db`` rather than
+``--db-path {episode_dir}/seed.db``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from muarl.mcp.client import EPISODE_DIR
+
+#: The first bytes of every SQLite 3 database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass(frozen=True)
+class StateProbe:
+    """One part of the state: a read tool's result, a resource's text, or files in the episode folder."""
+
+    tool: str | None = None
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    resource: str | None = None
+    files: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.tool is not None:
+            return f"{self.tool}({json.dumps(dict(self.arguments), sort_keys=True)})"
+        if self.resource is not None:
+            return f"resource {self.resource}"
+        return f"files {', '.join(self.files)}"
+
+
+@dataclass(frozen=True)
+class StateReader:
+    """The probes whose results, in order, are a server's state (see the module's docstring)."""
+
+    probes: tuple[StateProbe, ...]
+
+    @classmethod
+    def parse(cls, value: Any, where: str = "state") -> StateReader:
+        """From a config's ``"state"``: one probe object or a list of them; every problem is one line."""
+        if isinstance(value, StateReader):
+            return value
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise ValueError(f'"{where}" is an empty list: give at least one probe')
+        return cls(tuple(_probe(item, f"{where}[{i}]" if isinstance(value, list) else where)
+                         for i, item in enumerate(items)))
+
+    @property
+    def tools(self) -> list[str]:
+        return [p.tool for p in self.probes if p.tool is not None]
+
+    @property
+    def needs_files(self) -> bool:
+        return any(p.files for p in self.probes)
+
+    def describe(self) -> str:
+        return "; ".join(p.describe() for p in self.probes)
+
+
+def _probe(item: Any, where: str) -> StateProbe:
+    kinds = ("tool", "resource", "files")
+    if not isinstance(item, Mapping) or sum(k in item for k in kinds) != 1:
+        raise ValueError(f'"{where}" must be an object with exactly one of "tool", "resource" or "files"')
+    unknown = sorted(set(item) - {*kinds, "arguments"})
+    if unknown or ("arguments" in item and "tool" not in item):
+        raise ValueError(f'"{where}": unknown key(s) {", ".join(unknown or ["arguments"])} '
+                         '(a probe is {"tool": NAME, "arguments": {...}}, {"resource": URI} or {"files": [PATTERN, ...]})')
+    if "tool" in item:
+        if not isinstance(item["tool"], str) or not item["tool"]:
+            raise ValueError(f'"{where}": "tool" must be a tool name')
+        arguments = item.get("arguments", {})
+        if not isinstance(arguments, Mapping):
+            raise ValueError(f'"{where}": "arguments" must be an object')
+        return StateProbe(tool=item["tool"], arguments=dict(arguments))
+    if "resource" in item:
+        if not isinstance(item["resource"], str) or not item["resource"]:
+            raise ValueError(f'"{where}": "resource" must be a resource URI')
+        return StateProbe(resource=item["resource"])
+    files = item["files"]
+    files = [files] if isinstance(files, str) else files
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and f for f in files):
+        raise ValueError(f'"{where}": "files" must be a list of file names or patterns in the episode folder')
+    for pattern in files:
+        parts = PurePosixPath(pattern).parts
+        if PurePosixPath(pattern).is_absolute() or ".." in parts:
+            raise ValueError(f'"{where}": "files" are inside the episode folder: {pattern!r} is not')
+    return StateProbe(files=tuple(files))
+
+
+# -- files, hashed canonically -------------------------------------------------------------------------------
+def canonical_files(folder: str | Path, patterns: Iterable[str]) -> str:
+    """The files of ``folder`` that match ``patterns`` (relative, ``*`` and ``**`` allowed), each in its
+    canonical form, as one JSON text: equal texts for equal contents, whatever the bytes' layout."""
+    root = Path(folder)
+    everything = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    out = []
+    for pattern in patterns:
+        names = [n for n in everything if fnmatch.fnmatchcase(n, pattern)]
+        out.append([pattern, [[n, canonical_file(root / n)] for n in names]])
+    return json.dumps(out, ensure_ascii=False)
+
+
+def canonical_file(path: Path) -> Any:
+    """An SQLite database as its schema and sorted rows, JSON by value, anything else as its SHA-256."""
+    with path.open("rb") as fh:
+        head = fh.read(len(SQLITE_MAGIC))
+    if head == SQLITE_MAGIC:
+        return _sqlite_dump(path)
+    data = path.read_bytes()
+    if path.suffix.lower() == ".json":
+        try:
+            return {"json": json.loads(data)}
+        except ValueError:
+            pass
+    return {"sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _sqlite_dump(path: Path) -> dict[str, Any]:
+    """Schema and rows of an SQLite file, read-only (``mode=ro``: the file is never written)."""
+    uri = f"file:{path.as_posix()}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        schema = sorted(conn.execute("SELECT type, name, tbl_name, COALESCE(sql, '') FROM sqlite_master"))
+        tables = {}
+        for kind, name, _, _ in schema:
+            if kind == "table":
+                quoted = '"' + name.replace('"', '""') + '"'
+                rows = [json.dumps([_cell(v) for v in row]) for row in conn.execute(f"SELECT * FROM {quoted}")]
+                tables[name] = sorted(rows)
+        return {"sqlite": {"schema": [list(s) for s in schema], "rows": tables}}
+    finally:
+        conn.close()
+
+
+def _cell(value: Any) -> Any:
+    return {"blob": value.hex()} if isinstance(value, bytes) else value
+
+
+def state_digest(parts: Iterable[tuple[str, str]]) -> str:
+    """The state hash of the probes' (description, text) results."""
+    return "state:" + hashlib.sha256(json.dumps(list(parts), ensure_ascii=False).encode()).hexdigest()
+
+
+# -- a state path every episode would share -------------------------------------------------------------------
+#: option and variable names that say "where my state lives"
+_STATE_NAME = re.compile(r"db|database|data|state|store|storage|path|dir|folder|file|home|root|memory|save", re.I)
+#: variables that name where code is found, not state
+_SEARCH_PATHS = {"PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "NODE_PATH", "CLASSPATH",
+                 "VIRTUAL_ENV", "PYTHONPYCACHEPREFIX", "GEM_PATH", "PERL5LIB"}
+#: file suffixes of state a server keeps
+_STATE_SUFFIX = (".db", ".sqlite", ".sqlite3", ".duckdb", ".sqlitedb", ".jsonl")
+
+
+def _path_like(value: str, cwd: Path) -> bool:
+    if not value or value.startswith("-") or "://" in value:
+        return False
+    return "/" in value or os.sep in value or value.lower().endswith(_STATE_SUFFIX) or (cwd / value).exists()
+
+
+def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str | Path | None = None) -> list[str]:
+    """Where a stdio server's command or environment names a state path outside ``{episode_dir}``: every
+    episode's server (and every gold replay's) would open the same file. ``["--db-path seed.db"]``, say.
+
+    A heuristic, by spelling: an option or variable whose name says state (``--db-path``, ``--data-dir``,
+    ``NOTES_HOME``) with a path for its value, or a bare argument that is a database file or an existing
+    folder. Anything containing ``{episode_dir}`` is per episode and never counts.
+    """
+    where = Path(cwd) if cwd and EPISODE_DIR not in str(cwd) else Path.cwd()
+    args, found = list(command)[1:], []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-") and len(arg) > 1:
+            name, eq, value = arg.partition("=")
+            if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                value, i = args[i + 1], i + 1
+                arg = f"{name} {value}"
+            if value and _STATE_NAME.search(name) and EPISODE_DIR not in value and _path_like(value, where):
+                found.append(arg)
+        elif EPISODE_DIR not in arg and (arg.lower().endswith(_STATE_SUFFIX) or (where / arg).is_dir()):
+            found.append(arg)
+        i += 1
+    for key, value in env.items():
+        if (_STATE_NAME.search(key) and key.upper() not in _SEARCH_PATHS and EPISODE_DIR not in value
+                and _path_like(value, where)):
+            found.append(f"{key}={value}")
+    return found

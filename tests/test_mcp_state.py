@@ -1,0 +1,283 @@
+"""MCP domains graded by the server's state (issue 33, items 1 and 2), against a stateful third-party server.
+
+The server is ``mcp-server-sqlite`` from PyPI, run from its own virtualenv (it needs the MCP SDK 1.x,
+muarl has 2.x): ``scripts/install_mcp_sqlite.sh``, which ``bash scripts/install.sh --dev`` runs. It
+answers a rejected statement with ordinary text (``Database error: ...``), not ``isError``.
+
+- ``muarl gold`` scores a task 1.0 only when the server accepted its gold actions (a gold INSERT that
+  breaks a constraint fails the task, and no agent can score on it);
+- an agent's equivalent SQL (other column order) scores 1.0, a rejected write 0, nothing at all 0;
+- every episode and every gold replay runs on its own copy of the seed database (two episodes insert the
+  same primary key; gold replays after the agent's episode), and the seed file is unchanged (SHA-256);
+- the state read as files (the database file, canonically: a delete and re-insert leaves other bytes) and
+  as a resource;
+- without a state reader the command says once that it grades by the call log;
+- a state path that every episode's command shares (``--db-path seed.db``) is refused in one line before
+  any server starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import require
+from muarl.domain import get_domain, save_tasks
+from muarl.mcp import mcp_domain
+from muarl.mcp.state import canonical_file, shared_state_paths
+from muarl.policies.base import AgentTurn, Policy, PolicySession
+from muarl.rewards import score
+from muarl.rollout import run_episode
+from muarl.types import Action, Intent, Message, Scenario, Task, ToolCall, Trajectory
+from muarl.users.scripted import ScriptedUser
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # real server processes
+
+
+@pytest.fixture(scope="module")
+def sqlite_server() -> str:
+    venv = subprocess.run(["bash", str(ROOT / "scripts" / "install_mcp_sqlite.sh"), "--where"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    server = Path(venv) / "bin" / "mcp-server-sqlite"
+    require(server.exists(), f"mcp-server-sqlite is not installed in {venv}: run bash scripts/install_mcp_sqlite.sh")
+    return str(server)
+
+
+def _seed(path: Path) -> str:
+    """A small library database; returns its SHA-256."""
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+            CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL, copies INTEGER NOT NULL CHECK (copies >= 0));
+            CREATE TABLE loans (id INTEGER PRIMARY KEY, book_id INTEGER NOT NULL, member TEXT NOT NULL);
+            INSERT INTO books VALUES (1, 'Dune', 2), (2, 'Emma', 1), (3, 'Ulysses', 0);
+        """)
+    db.close()
+    return _sha(path)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+LEND = "INSERT INTO loans (id, book_id, member) VALUES (1, 2, 'ana')"
+LEND_OTHER_ORDER = "INSERT INTO loans (member, id, book_id) VALUES ('ana', 1, 2)"
+READD = "INSERT INTO books VALUES (1, 'Dune', 5)"  # id 1 exists: the server answers "Database error: UNIQUE ..."
+
+
+def _task(task_id: str, sql: str) -> Task:
+    ask = "Please lend me Emma."
+    return Task(id=task_id, domain="library-sql", split="test", family=task_id, user_id="ana",
+                scenario=Scenario(persona="a reader", known={"member": "ana"},
+                                  intents=[Intent(description=ask, question=ask, answer="lent")]),
+                instruction=ask, gold_actions=[Action(name="write_query", arguments={"query": sql})])
+
+
+def _config(tmp_path: Path, server: str, db: str = "library.db", **extra: Any) -> Path:
+    """A config for the server on a per-episode copy of seed.db (``db`` in the episode folder)."""
+    save_tasks([_task("lend", LEND), _task("readd", READD)], tmp_path / "tasks.json")
+    data = {"server": f"{server} --db-path {{episode_dir}}/{db}", "name": "library-sql",
+            "tasks": "tasks.json", "episode_files": {db: "seed.db"},
+            "read_only": ["read_query", "list_tables", "describe_table"],
+            "state": [{"tool": "read_query", "arguments": {"query": "SELECT * FROM books ORDER BY id"}},
+                      {"tool": "read_query", "arguments": {"query": "SELECT * FROM loans ORDER BY id"}}],
+            "error_pattern": "^(Error|Database error): ", **extra}
+    data = {k: v for k, v in data.items() if v is not None}
+    path = tmp_path / "library.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _play(env: Any, task: Task, *queries: str) -> tuple[list[Any], float]:
+    records = [env.call("write_query", {"query": q}) for q in queries]
+    traj = Trajectory(task_id=task.id, domain=env.domain.name, tool_log=env.log)
+    return records, score(env.domain, task, traj, env=env, require_outputs=False).reward
+
+
+def test_gold_scores_only_where_the_server_accepted_it(tmp_path: Path, sqlite_server: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``muarl gold``: the lending task passes; the task whose gold INSERT the server rejected (in plain text)
+    fails, naming the database's error. Before: both scored 1.0 (the rejection was a successful call)."""
+    from muarl.cli import main
+
+    seed = _seed(tmp_path / "seed.db")
+    config = _config(tmp_path, sqlite_server)
+    assert main(["gold", f"mcp:{config}", "--split", "test", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary"][0]["tasks"] == 2 and report["summary"][0]["passed"] == 1
+    (failure,) = report["failures"]
+    assert failure["task"] == "readd" and "UNIQUE constraint failed: books.id" in failure["failed_actions"][0]
+    assert _sha(tmp_path / "seed.db") == seed  # every replay ran on a copy
+
+
+def test_the_reward_compares_the_servers_state(tmp_path: Path, sqlite_server: str) -> None:
+    """Equivalent SQL scores 1.0 and a rejected write 0 (before: 0 and, for a rejected gold write, 1.0);
+    concurrent episodes and the gold replays each have their own copy; the seed file is unchanged."""
+    seed = _seed(tmp_path / "seed.db")
+    domain = get_domain(f"mcp:{_config(tmp_path, sqlite_server)}")
+    lend, readd = (next(t for t in domain.tasks("test") if t.id == i) for i in ("lend", "readd"))
+    same, other_order, rejected, nothing = (domain.env(lend) for _ in range(4))
+
+    records, reward = _play(same, lend, LEND)
+    assert records[0].ok and reward == 1.0  # the gold replay inserted loan 1 again: on its own copy
+    records, reward = _play(other_order, lend, LEND_OTHER_ORDER)
+    assert records[0].ok and reward == 1.0  # loan 1 again, concurrently: its own copy too; another statement
+    records, reward = _play(rejected, lend, "INSERT INTO loans (id, book_id) VALUES (1, 2)")
+    assert not records[0].ok and "Database error: NOT NULL constraint failed" in records[0].output
+    assert reward == 0.0
+    assert _play(nothing, lend)[1] == 0.0
+    folders = {env.session.episode_dir for env in (same, other_order, rejected, nothing)}
+    assert len(folders) == 4 and all(Path(f, "library.db").exists() for f in folders)  # type: ignore[arg-type]
+
+    # a task whose gold the server rejects: nobody scores, neither doing nothing nor doing "the same"
+    idle, copycat = domain.env(readd), domain.env(readd)
+    assert _play(idle, readd)[1] == 0.0
+    records, reward = _play(copycat, readd, READD)
+    assert not records[0].ok and reward == 0.0
+    for env in (same, other_order, rejected, nothing, idle, copycat):
+        env.close()
+    assert _sha(tmp_path / "seed.db") == seed
+
+
+class _SQLPolicy(Policy):
+    """Looks the book up, writes ``sql`` once the user has spoken, then says it is done."""
+
+    name = "sql"
+
+    def __init__(self, sql: str):
+        self.sql = sql
+
+    def session(self, domain: Any, task: Task, seed: int | None = None) -> PolicySession:
+        return _SQLSession(self.sql)
+
+
+class _SQLSession(PolicySession):
+    def __init__(self, sql: str):
+        self.sql, self.turn = sql, 0
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        self.turn += 1
+        calls = {1: [ToolCall(id="c1", name="read_query", arguments={"query": "SELECT id FROM books WHERE title = 'Emma'"})],
+                 2: [ToolCall(id="c2", name="write_query", arguments={"query": self.sql})]}.get(self.turn)
+        if calls:
+            return AgentTurn(message=Message(role="assistant", tool_calls=calls))
+        return AgentTurn(message=Message(role="assistant", content="Done: Emma is lent to you."))
+
+
+def test_an_episode_with_the_simulated_user_is_graded_by_state(tmp_path: Path, sqlite_server: str) -> None:
+    """The rollout loop (as ``muarl eval`` runs it) against the server: equivalent SQL passes, the env's
+    server is its own, and the trajectory's tool log records the rejected write as failed."""
+    _seed(tmp_path / "seed.db")
+    domain = get_domain(f"mcp:{_config(tmp_path, sqlite_server)}")
+    lend = next(t for t in domain.tasks("test") if t.id == "lend")
+    for sql, want in ((LEND_OTHER_ORDER, 1.0), ("INSERT INTO loan (id) VALUES (1)", 0.0)):
+        traj = asyncio.run(run_episode(domain, lend, _SQLPolicy(sql), ScriptedUser(), seed=0))
+        assert traj.reward is not None and traj.reward.reward == want, (sql, traj.reward)
+        write = next(r for r in traj.tool_log if r.name == "write_query")
+        assert write.ok == (want == 1.0) and not traj.tool_fault
+
+
+def test_state_as_files_hashed_canonically_and_as_a_resource(tmp_path: Path, sqlite_server: str) -> None:
+    """``{"files": ["library.db"]}``: the database file by schema and rows, so a delete and re-insert (other
+    bytes: the file's change counter) still equals gold; ``{"resource": ...}``: the server's memo."""
+    seed = _seed(tmp_path / "seed.db")
+    config = _config(tmp_path, sqlite_server, state=[{"files": ["library.db"]}, {"resource": "memo://insights"}])
+    domain = get_domain(f"mcp:{config}")
+    lend = next(t for t in domain.tasks("test") if t.id == "lend")
+    roundabout, wrong, noted = domain.env(lend), domain.env(lend), domain.env(lend)
+    _, reward = _play(roundabout, lend, LEND, "DELETE FROM loans WHERE id = 1", LEND_OTHER_ORDER)
+    assert reward == 1.0
+    folder = Path(roundabout.session.episode_dir)  # type: ignore[arg-type]
+    assert _sha(folder / "library.db") != _sha(tmp_path / "seed.db")
+    assert _play(wrong, lend, "INSERT INTO loans VALUES (1, 2, 'ben')")[1] == 0.0
+    assert noted.call("append_insight", {"insight": "Emma is popular"}).ok
+    _, reward = _play(noted, lend, LEND)
+    assert reward == 0.0  # the memo is part of the state
+    assert any("Emma is popular" in line for line in noted.diff(score_gold(domain, lend)))
+    for env in (roundabout, wrong, noted):
+        env.close()
+    assert _sha(tmp_path / "seed.db") == seed
+
+
+def score_gold(domain: Any, task: Task) -> Any:
+    from muarl.rewards import gold_env
+
+    gold, _ = gold_env(domain, task)
+    gold.hash()
+    return gold
+
+
+def test_canonical_sqlite_reads_schema_and_rows_only(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    _seed(a)
+    _seed(b)
+    with sqlite3.connect(b) as db:
+        db.execute("INSERT INTO books VALUES (9, 'x', 1)")
+    with sqlite3.connect(b) as db:
+        db.execute("DELETE FROM books WHERE id = 9")
+    assert _sha(a) != _sha(b) and canonical_file(a) == canonical_file(b)
+    before = _sha(b)
+    with sqlite3.connect(b) as db:
+        db.execute("UPDATE books SET copies = 3 WHERE id = 1")
+    assert canonical_file(a) != canonical_file(b)
+    assert _sha(b) != before
+
+
+def test_without_a_state_reader_the_command_says_it_grades_by_the_call_log(
+        tmp_path: Path, sqlite_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from muarl.cli import main
+
+    _seed(tmp_path / "seed.db")
+    config = _config(tmp_path, sqlite_server, db="plain.db", state=None)  # a server no other test names
+    assert main(["gold", f"mcp:{config}", "--split", "test", "--json"]) == 1
+    assert get_domain(f"mcp:{config}").state is None  # built a second time in the same process
+    err = capsys.readouterr().err
+    assert err.count("declares no state reader") == 1 and "log of successful write calls" in err
+
+
+def test_a_state_path_every_episode_shares_is_refused_before_the_run(
+        tmp_path: Path, sqlite_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--db-path seed.db`` literally: one line, exit 2, and no server started (it would have created the
+    file). Before: accepted, every episode and gold replay wrote into the one file."""
+    from muarl.cli import main
+
+    save_tasks([_task("lend", LEND)], tmp_path / "tasks.json")
+    shared = tmp_path / "shared.db"
+    for server, env in ((f"{sqlite_server} --db-path {shared}", {}),
+                        (f"{sqlite_server} --db-path={shared}", {}),
+                        (sqlite_server, {"SQLITE_DB_PATH": str(shared)})):
+        config = tmp_path / "shared.json"
+        config.write_text(json.dumps({"server": server, "tasks": "tasks.json", "env": env}))
+        assert main(["eval", "--domain", f"mcp:{config}", "--policy", "noop", "--out", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "would be one state for every episode" in err, err
+        assert "{episode_dir}" in err and str(shared) in err
+        assert not shared.exists() and not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="one state for every episode"):
+        mcp_domain(f"{sqlite_server} --db-path {shared}", tasks=[_task("lend", LEND)])
+    config.write_text(json.dumps({"server": f"{sqlite_server} --db-path {shared}", "tasks": "tasks.json",
+                                  "shared_state": True}))
+    assert get_domain(f"mcp:{config}").name.startswith("mcp:")  # shared on purpose: accepted
+
+
+@pytest.mark.parametrize("command,env,found", [
+    (["mcp-server-sqlite", "--db-path", "seed.db"], {}, ["--db-path seed.db"]),
+    (["srv", "--data-dir=/srv/notes"], {}, ["--data-dir=/srv/notes"]),
+    (["srv", "library.sqlite"], {}, ["library.sqlite"]),
+    (["srv"], {"NOTES_HOME": "/srv/notes"}, ["NOTES_HOME=/srv/notes"]),
+    (["mcp-server-sqlite", "--db-path", "{episode_dir}/seed.db"], {}, []),
+    (["srv", "--state-dir", "{episode_dir}"], {"PLAIN_STATE": "{episode_dir}"}, []),
+    (["python", "-m", "muarl", "serve-mcp", "retail", "--seed", "3"], {"PYTHONPATH": "/a/b"}, []),
+    (["mcp-server-time", "--local-timezone", "America/New_York"], {}, []),
+    (["python", "server.py", "--verbose"], {}, []),
+])
+def test_shared_state_paths_by_spelling(command: list[str], env: dict[str, str], found: list[str],
+                                        tmp_path: Path) -> None:
+    assert shared_state_paths(command, env, tmp_path) == found
