@@ -67,6 +67,8 @@ BASES = ("shipped", "scratch")
 EVAL_ONLY = ("eval_split",)
 #: the stages every split's demo shares (each split's evaluations are its own)
 SHARED_STAGES = ("model", "synth", "sft-prefix", "sft", "grpo")
+#: the held-out splits a run evaluates; a split other than test keeps its evaluations in a folder of its name
+SPLITS = ("dev", "test")
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,64 @@ def _mark(folder: Path, **info: Any) -> None:
     (folder / "DONE").write_text(json.dumps(info) + "\n")
 
 
+def check_settings(recorded: Path, settings: dict[str, Any], defaults: dict[str, Any], what: str) -> None:
+    """Refuse to go on in a run directory whose ``recorded`` settings (``demo.json``, ``ablate.json``) differ
+    from ``settings``, naming the knobs that differ; then record them. A knob added after the run was
+    recorded had its value in ``defaults`` then (the greedy evaluations, say). Why: a rerun of the same
+    command resumes, and a resumed run with other knobs would report numbers no single command made."""
+    if recorded.exists():
+        then = {**defaults, **json.loads(recorded.read_text())}
+        differ = sorted(key for key in settings if then.get(key) != settings[key])
+        if differ:
+            raise ValueError(f"{recorded.parent} holds {what} run with other settings ({', '.join(differ)}); use "
+                             "another --out")
+    recorded.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+class Stopped(Exception):
+    """``stop_after`` reached."""
+
+
+class Stages:
+    """Runs a pipeline's stages (the demo's, the ablation's), each under a header, and keeps the seconds of
+    each in ``seconds.json``, summed over every command that ran it (an interrupted stage's parts; the shared
+    stages of the split evaluated first), so a split's minutes are its whole run's, whichever ran first.
+
+    A stage's key is its name, under ``prefix`` (``dev/``: the dev split's evaluations) unless it is one of
+    ``shared`` (the model, the training); after ``stop_after`` it raises :class:`Stopped`."""
+
+    def __init__(self, out: Path, prefix: str = "", shared: tuple[str, ...] = (), stop_after: str | None = None):
+        self.file = out / "seconds.json"
+        self.clock: dict[str, float] = json.loads(self.file.read_text()) if self.file.exists() else {}
+        self.prefix, self.shared, self.stop_after = prefix, shared, stop_after
+        self.console = Console()
+
+    def key(self, name: str) -> str:
+        return name if name in self.shared or name.split("/")[0] in self.shared else self.prefix + name
+
+    def __call__(self, name: str, fn: Any, *args: Any) -> Any:
+        key = self.key(name)
+        self.console.rule(f"[bold]{key}")
+        began = time.perf_counter()
+        result = fn(*args)
+        spent = time.perf_counter() - began
+        self.clock[key] = round(self.clock.get(key, 0.0) + spent, 1)
+        self.file.write_text(json.dumps(self.clock, indent=1) + "\n")
+        self.console.print(f"{key}: {spent:.0f} s")
+        if name == self.stop_after:
+            raise Stopped
+        return result
+
+    def seconds(self) -> dict[str, float]:
+        """This split's stages and the shared ones (not another split's evaluations)."""
+        def ours(key: str) -> bool:
+            if key in self.shared or key.split("/")[0] in self.shared:
+                return True
+            rest = key[len(self.prefix):] if key.startswith(self.prefix) else None
+            return rest is not None and rest.split("/")[0] not in SPLITS
+        return {key: value for key, value in self.clock.items() if ours(key)}
+
+
 def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
     """Stage 1: the shipped base, or (``base="scratch"``) the tiny model from random weights of ``seed``."""
     from muarl.models import base_path
@@ -239,6 +299,18 @@ def reinforce(out: Path, config: DemoConfig, model: Path, seed: int, progress: b
     return folder / "model"
 
 
+def cold_start(out: Path, config: DemoConfig, seed: int, progress: bool, stage: Stages) -> Path:
+    """Stages 1 to 3: the model the evaluations and GRPO start from, the shipped base or (``base="scratch"``)
+    the model from random weights, synth, SFT on the openings (when ``prefix_calls``) and SFT."""
+    model = stage("model", build_model, out, config, seed)
+    if config.base != "scratch":
+        return model
+    data = stage("synth", synthesize_data, out, config, seed)
+    if config.prefix_calls or stage.stop_after == "sft-prefix":
+        model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
+    return stage("sft", supervised, out, config, model, data, seed, progress)
+
+
 def split_dir(out: Path, split: str) -> Path:
     """Where a split's evaluations, comparisons, ``summary.json`` and plots go: the run directory for the
     test split (the layout of runs made before the split was a setting), ``dev/`` inside it for dev."""
@@ -259,23 +331,24 @@ def held_out_tasks(config: DemoConfig) -> list[Any]:
 
 
 def evaluate_model(out: Path, name: str, config: DemoConfig, model: Path, seed: int, progress: bool,
-                   temperature: float | None = None) -> dict[str, Any]:
+                   temperature: float | None = None, user: str = "scripted") -> dict[str, Any]:
     """Stages 4 and 6: ``k`` trials of the first ``eval_tasks`` tasks of ``eval_split`` (same users for
-    both), sampled at the training temperature unless ``temperature`` is given (0: greedy)."""
+    both), sampled at the training temperature unless ``temperature`` is given (0: greedy). ``user``: who
+    plays them (a ``--user`` spec; ``muarl ablate`` evaluates with several), the scripted user by default."""
     from muarl.domain import get_domain
     from muarl.evaluate import evaluate
+    from muarl.factory import make_user
     from muarl.models import load
     from muarl.policies.hf import HFPolicy
     from muarl.rollout import EpisodeConfig
-    from muarl.users.scripted import ScriptedUser
 
     domain = get_domain(config.domain)
     temperature = config.grpo.temperature if temperature is None else temperature
     policy = HFPolicy(load(model), temperature=temperature, max_new_tokens=config.grpo.max_new_tokens, seed=seed)
-    result = evaluate(domain, policy, ScriptedUser(), held_out_tasks(config), k=config.eval_k,
+    result = evaluate(domain, policy, make_user(user), held_out_tasks(config), k=config.eval_k,
                       out_dir=out / name, config=EpisodeConfig(max_turns=config.grpo.max_turns), seed=seed,
                       progress=progress, meta={"model": str(model), "temperature": temperature,
-                                               "split": config.eval_split})
+                                               "split": config.eval_split, "user": user})
     return result.metrics
 
 
@@ -352,33 +425,48 @@ def _value(metrics: dict[str, Any], key: str | None, k: int) -> float:
 ARMS = ("cold_start", "rl")
 
 
-def table_rows(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
-               greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None
-               ) -> list[dict[str, Any]]:
-    """The demo table's rows as :func:`muarl.report.comparison.build_comparison_report` takes them (values by
-    arm, :data:`ARMS`; one difference, after RL minus cold start, with the paired 95% interval where
-    known); ``greedy`` (before, after, comparison at T = 0) adds the greedy success and faults right below
-    the sampled ones. The console's table and the report's are both made of these rows."""
+def metric_rows(arms: dict[str, dict[str, Any]], k: int,
+                differences: list[tuple[str, str, dict[str, Any] | None]],
+                greedy: tuple[dict[str, dict[str, Any]], list[dict[str, Any] | None]] | None = None
+                ) -> list[dict[str, Any]]:
+    """Rows of :data:`ROWS` as :func:`muarl.report.comparison.build_comparison_report` takes them: each arm's
+    value (``arms``: arm id -> its evaluation's metrics) and one entry per difference (``(minus, plus,
+    comparison)``: plus minus minus, with the paired 95% interval of ``comparison``, a :func:`muarl.compare.
+    compare_runs` report, where it has the metric). ``greedy`` (the arms' metrics at T = 0 and the
+    differences' comparisons at T = 0, in the same order) adds the greedy success and faults right below
+    the sampled ones. The demo's table and the ablation's are made of these rows."""
     rows = []
 
-    def row(label: str, key: str | None, a_metrics: dict[str, Any], b_metrics: dict[str, Any],
-            cmp: dict[str, Any] | None) -> dict[str, Any]:
+    def row(label: str, key: str | None, metrics: dict[str, dict[str, Any]],
+            cmps: list[dict[str, Any] | None]) -> dict[str, Any]:
         if key == "faults":  # one row, three parties: the interval column stays for single metrics
-            a, b = ([_value(m, f, k) for f in FAULT_KEYS] for m in (a_metrics, b_metrics))
-            return {"metric": label, "values": dict(zip(ARMS, (" / ".join(f"{x:.3f}" for x in v) for v in (a, b)),
-                                                        strict=True)),
-                    "differences": [" / ".join(f"{y - x:+.3f}" for x, y in zip(a, b, strict=True))]}
-        m = {d["metric"]: d for d in (cmp or {}).get("metrics", [])}.get(key or f"pass^{k}")
-        a, b = _value(a_metrics, key, k), _value(b_metrics, key, k)
-        diff = {"diff": b - a, **({"low": m["low"], "high": m["high"]} if m else {})}
-        return {"metric": label.replace("pass^k", f"pass^{k}"), "values": dict(zip(ARMS, (a, b), strict=True)),
-                "differences": [diff]}
+            parts = {arm: [_value(m, f, k) for f in FAULT_KEYS] for arm, m in metrics.items()}
+            return {"metric": label, "values": {arm: " / ".join(f"{x:.3f}" for x in v) for arm, v in parts.items()},
+                    "differences": [" / ".join(f"{y - x:+.3f}" for x, y in zip(parts[a], parts[b], strict=True))
+                                    for a, b, _ in differences]}
+        entries = []
+        for (a, b, _), cmp in zip(differences, cmps, strict=True):
+            m = {d["metric"]: d for d in (cmp or {}).get("metrics", [])}.get(key or f"pass^{k}")
+            entries.append({"diff": _value(metrics[b], key, k) - _value(metrics[a], key, k),
+                            **({"low": m["low"], "high": m["high"]} if m else {})})
+        return {"metric": label.replace("pass^k", f"pass^{k}"),
+                "values": {arm: _value(m, key, k) for arm, m in metrics.items()}, "differences": entries}
 
     for label, key in ROWS:
-        rows.append(row(label, key, before, after, comparison))
+        rows.append(row(label, key, arms, [c for _, _, c in differences]))
         if greedy and key == "faults":  # the greedy success and faults right below the sampled ones
             rows.extend(row(f"{g_label}, T = 0", g_key, *greedy) for g_label, g_key in ROWS[:2])
     return rows
+
+
+def table_rows(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
+               greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None
+               ) -> list[dict[str, Any]]:
+    """The demo table's rows (:func:`metric_rows`): the cold start and after RL (:data:`ARMS`), one
+    difference, after RL minus cold start; ``greedy`` is (before, after, comparison) at T = 0. The
+    console's table and the report's are both made of these rows."""
+    return metric_rows(dict(zip(ARMS, (before, after), strict=True)), k, [(*ARMS, comparison)],
+                       (dict(zip(ARMS, greedy[:2], strict=True)), [greedy[2]]) if greedy else None)
 
 
 def table_title(split: str, temperature: float, greedy: bool) -> str:
@@ -404,29 +492,32 @@ def table(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dic
     return t
 
 
-def plot(out: Path, where: Path | None = None) -> list[Path]:
-    """``plots/`` in ``where`` (a split's folder; default ``out``): SFT loss, GRPO reward and violation rate
-    per step, SFT vs RL on the split's held-out tasks."""
+def series(path: Path, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` in a ``metrics.jsonl``-like file (nothing when the file is missing)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = [r for r in rows if key in r]
+    return [r["step"] for r in rows], [r[key] for r in rows]
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (no display on a server, nor needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    where = out if where is None else where
-    folder = where / "plots"
-    folder.mkdir(exist_ok=True)
-    written = []
+    return plt
 
-    def series(path: Path, key: str) -> tuple[list[int], list[float]]:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-        rows = [r for r in rows if key in r]
-        return [r["step"] for r in rows], [r[key] for r in rows]
 
+def plot_cold_start(out: Path, folder: Path) -> Path:
+    """``cold_start.png``: the SFT loss of a cold start trained here, else the shipped base's pretraining
+    curve, which travels with it."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
     if (out / "sft" / "metrics.jsonl").exists():
         ax.plot(*series(out / "sft" / "metrics.jsonl", "loss"))
         ax.set(title="SFT: loss on agent tokens", xlabel="optimizer step", ylabel="cross-entropy")
-    else:  # the shipped base: its pretraining curve travels with it
+    else:
         from muarl.models import base_path
 
         curve = base_path() / "curve.jsonl"
@@ -436,18 +527,34 @@ def plot(out: Path, where: Path | None = None) -> list[Path]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "cold_start.png", dpi=110)
-    written.append(folder / "cold_start.png")
     plt.close(fig)
+    return folder / "cold_start.png"
 
+
+def plot_grpo(run: Path, path: Path, title: str = "GRPO: training dynamics") -> Path:
+    """``path``: a GRPO run's reward, violation rate and groups all wrong / all correct, per step."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for key in ("reward", "violation_rate", "all_wrong_groups", "all_correct_groups"):
-        ax.plot(*series(out / "grpo" / "metrics.jsonl", key), label=key, marker="o", markersize=3)
-    ax.set(title="GRPO: training dynamics", xlabel="step", ylim=(-0.02, 1.02))
+        ax.plot(*series(run / "metrics.jsonl", key), label=key, marker="o", markersize=3)
+    ax.set(title=title, xlabel="step", ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "grpo_dynamics.png", dpi=110)
-    written.append(folder / "grpo_dynamics.png")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
+
+
+def plot(out: Path, where: Path | None = None) -> list[Path]:
+    """``plots/`` in ``where`` (a split's folder; default ``out``): SFT loss, GRPO reward and violation rate
+    per step, SFT vs RL on the split's held-out tasks."""
+    plt = pyplot()
+    where = out if where is None else where
+    folder = where / "plots"
+    folder.mkdir(exist_ok=True)
+    written = [plot_cold_start(out, folder)]
+
+    written.append(plot_grpo(out / "grpo", folder / "grpo_dynamics.png"))
 
     summary = json.loads((where / "summary.json").read_text())
     labels = ["pass^1", f"pass^{summary['k']}", "violation_rate"]
@@ -584,47 +691,15 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     out.mkdir(parents=True, exist_ok=True)
     where = split_dir(out, config.eval_split)
     where.mkdir(exist_ok=True)
-    recorded = out / "demo.json"
     settings = {"preset": preset, "seed": seed,
                 **{k: v for k, v in config.settings().items() if k not in EVAL_ONLY}}
-    if recorded.exists():
-        # a knob added after the run was recorded had its default value then (the greedy evaluations, say)
-        then = {**DemoConfig().settings(), **json.loads(recorded.read_text())}
-        differ = sorted(key for key in settings if then.get(key) != settings[key])
-        if differ:
-            raise ValueError(f"{out} holds a demo run with other settings ({', '.join(differ)}); use another --out")
-    recorded.write_text(json.dumps(settings, indent=1) + "\n")
+    check_settings(out / "demo.json", settings, DemoConfig().settings(), "a demo")
     console = Console()
-    # seconds of work per stage, summed over every command that ran it (an interrupted stage's parts, and the
-    # shared stages of the split evaluated first): a split's minutes are its whole demo's, whichever ran first
-    clock_file = out / "seconds.json"
-    clock: dict[str, float] = json.loads(clock_file.read_text()) if clock_file.exists() else {}
     prefix = "" if where == out else f"{config.eval_split}/"
-
-    class Stopped(Exception):
-        """``stop_after`` reached."""
-
-    def stage(name: str, fn: Any, *args: Any) -> Any:
-        key = name if name in SHARED_STAGES else prefix + name
-        console.rule(f"[bold]{key}")
-        began = time.perf_counter()
-        result = fn(*args)
-        spent = time.perf_counter() - began
-        clock[key] = round(clock.get(key, 0.0) + spent, 1)
-        clock_file.write_text(json.dumps(clock, indent=1) + "\n")
-        console.print(f"{key}: {spent:.0f} s")
-        if name == stop_after:
-            raise Stopped
-        return result
+    stage = Stages(out, prefix, SHARED_STAGES, stop_after)
 
     try:
-        model = stage("model", build_model, out, config, seed)
-        sft_model = model
-        if config.base == "scratch":
-            data = stage("synth", synthesize_data, out, config, seed)
-            if config.prefix_calls or stop_after == "sft-prefix":
-                model = stage("sft-prefix", opening_supervised, out, config, model, data, seed, progress)
-            sft_model = stage("sft", supervised, out, config, model, data, seed, progress)
+        sft_model = cold_start(out, config, seed, progress, stage)
         before = stage("eval-sft", evaluate_model, where, "eval-sft", config, sft_model, seed, progress)
         if config.greedy:
             before_greedy = stage("eval-sft-greedy", evaluate_model, where, "eval-sft-greedy", config, sft_model,
@@ -636,9 +711,8 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
                                  progress, 0.0)
     except Stopped:
         console.print(f"stopped after {stop_after}; rerun without --stop-after to go on")
-        return {"preset": preset, "seed": seed, "stopped_after": stop_after, "seconds": clock}
-    seconds = {key: value for key, value in clock.items()
-               if key in SHARED_STAGES or (key.startswith(prefix) and "/" not in key[len(prefix):])}
+        return {"preset": preset, "seed": seed, "stopped_after": stop_after, "seconds": stage.clock}
+    seconds = stage.seconds()
     summary = {"preset": preset, "seed": seed, "domain": config.domain, "split": config.eval_split,
                "k": config.eval_k, "eval_tasks": config.eval_tasks,
                "task_ids": [t.id for t in held_out_tasks(config)], "sft": before, "rl": after,
