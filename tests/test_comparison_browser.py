@@ -57,7 +57,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory
     assert fixed.reward and fixed.reward.reward == 1.0
     fixed.metadata = old.metadata  # the same trial of the evaluation (member), so the rerun resumes it
     trajs[1] = fixed
-    rl.write_text("".join(t.model_dump_json() + "\n" for t in trajs))
+    # in another order than the cold start's (as two evaluations finish episodes), so a link that took the
+    # episode's place in the wrong file would open another episode
+    rl.write_text("".join(t.model_dump_json() + "\n" for t in reversed(trajs)))
 
     summary = run_demo(out, "smoke", progress=False)  # the finished run: only the summary and report again
     assert summary["rl"]["pass^1"] == 1 / (smoke.eval_tasks * smoke.eval_k)
