@@ -172,3 +172,32 @@ def test_dynamic_sampling_fills_each_step_with_informative_groups_from_the_strea
         assert all(len(set(r)) > 1 for r in groups.values()), (step, groups)
     assert all(m["tasks_played"] == m["trained_groups"] + m["dropped_groups"] + m["uninformative_groups"]
                for m in metrics)
+
+
+def test_episodes_in_flight_keep_a_system_turn_computed_by_the_synced_weights():
+    """After a weight sync the engine's shared opening (the system turn every episode attends to) is the
+    new weights' KV, at once: an asynchronous stream's episodes in flight decode on through the sync, and
+    with the cached opening dropped their next passes would attend to no system turn at all."""
+    import asyncio
+
+    from muarl.domain import get_domain
+    from muarl.models import load
+    from muarl.policies.hf import HFPolicy
+    from muarl.rollout import EpisodeConfig, RolloutEngine
+    from muarl.users.scripted import ScriptedUser
+
+    model, tokenizer = load("tiny")
+    policy = HFPolicy((model, tokenizer), max_new_tokens=4)
+    domain = get_domain("retail-lite")
+    engine = RolloutEngine(domain, policy, ScriptedUser(), EpisodeConfig(max_turns=1), progress=False)
+    asyncio.run(engine.run(domain.tasks("train")[:1]))
+    tokens = policy.engine.prefix.tokens
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        fresh = model(input_ids=torch.tensor([tokens]), use_cache=True).past_key_values.layers
+    policy.weights_updated()
+    prefix = policy.engine.prefix
+    assert prefix is not None and prefix.tokens == tokens
+    for (keys, values), layer in zip(prefix.kv, fresh, strict=True):
+        assert torch.allclose(keys, layer.keys[0], atol=1e-5) and torch.allclose(values, layer.values[0], atol=1e-5)

@@ -375,15 +375,26 @@ class BatchedGenerator:
         if prefix_len < minimum or prefix_len >= len(seq.ids):
             return
         if self.prefix is None:
-            tokens = seq.ids[:prefix_len]
-            out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
-            self.prefix = SharedPrefix(tokens, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
-            self.tokens_computed += prefix_len
-            self.prefix_computed += prefix_len
+            self._compute_prefix(seq.ids[:prefix_len])
         plen = len(self.prefix.tokens)
         if seq.ids[:plen] == self.prefix.tokens and len(seq.ids) > plen:
             seq.shared, seq.offset = True, plen
             self.tokens_reused += plen
+
+    def _compute_prefix(self, tokens: list[int]) -> None:
+        out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
+        self.prefix = SharedPrefix(tokens, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+        self.tokens_computed += len(tokens)
+        self.prefix_computed += len(tokens)
+
+    @torch.no_grad()
+    def refresh_prefix(self) -> None:
+        """The shared opening's KV again, from the model's current weights (after an update). Rows in flight
+        that sit on it attend to the new one from their next pass, as their own next tokens come from the new
+        weights (asynchronous GRPO syncs between two passes); dropping it instead would leave them attending
+        to no system turn at all until a new episode computed it again."""
+        if self.prefix is not None:
+            self._compute_prefix(self.prefix.tokens)
 
     def _prefix_for(self, seqs: list[TokenSequence | None]) -> SharedPrefix | None:
         """The shared prefix with this forward pass's row mask (free slots: off), or None when no row uses it."""

@@ -55,8 +55,9 @@ class HFPolicy(Policy):
         self.engine = BatchedGenerator(self.model, stop, temperature, top_p, max_batch)
 
     def weights_updated(self) -> None:
-        """Call after changing the model's weights (a training step): cached prefix KV is stale then."""
-        self.engine.prefix = None
+        """Call after changing the model's weights (a training step): the shared opening's cached KV is
+        recomputed (episodes in flight, as in asynchronous GRPO, keep attending to it)."""
+        self.engine.refresh_prefix()
 
     def provenance(self) -> dict[str, Any]:
         """The name and the checkpoint the weights were loaded from (Hugging Face's ``_name_or_path``: the
