@@ -237,7 +237,9 @@ def test_without_a_state_reader_the_command_says_it_grades_by_the_call_log(
     _seed(tmp_path / "seed.db")
     config = _config(tmp_path, sqlite_server, db="plain.db", state=None)  # a server no other test names
     assert main(["gold", f"mcp:{config}", "--split", "test", "--json"]) == 1
-    assert get_domain(f"mcp:{config}").state is None  # built a second time in the same process
+    from muarl.mcp.config import load_config
+
+    assert load_config(config).state is None  # built a second time in the same process: not said again
     err = capsys.readouterr().err
     assert err.count("declares no state reader") == 1 and "log of successful write calls" in err
 
@@ -281,3 +283,20 @@ def test_a_state_path_every_episode_shares_is_refused_before_the_run(
 def test_shared_state_paths_by_spelling(command: list[str], env: dict[str, str], found: list[str],
                                         tmp_path: Path) -> None:
     assert shared_state_paths(command, env, tmp_path) == found
+
+
+def test_two_unknown_states_never_match(tmp_path: Path, sqlite_server: str) -> None:
+    """A server that cannot start fails the agent's episode and the gold replay alike: both states are
+    "unavailable", and they must not count as equal (before: the same text, so db_match and reward 1.0)."""
+    import dataclasses
+
+    from muarl.mcp import ServerSpec
+
+    _seed(tmp_path / "seed.db")
+    domain = get_domain(f"mcp:{_config(tmp_path, sqlite_server)}")
+    dead = dataclasses.replace(domain, server=ServerSpec(command=(str(tmp_path / "no-such-server"),)))
+    lend = next(t for t in dead.tasks("test") if t.id == "lend")
+    env = dead.env(lend)
+    records, reward = _play(env, lend, LEND)
+    assert records[0].error == "tool_fault" and env.hash().startswith("unavailable: could not start")
+    assert reward == 0.0
