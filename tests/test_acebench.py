@@ -16,13 +16,12 @@ import json
 import os
 import random
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import require
+from conftest import require, run_muarl
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("MUARL_ACEBENCH_DATA") or ROOT.parent / "shared" / "acebench" / "data_en")
@@ -236,14 +235,6 @@ def test_replayed_users_play_acebench_tasks(tmp_path):
     assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 4
 
 
-def _cli(data: str | None, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MUARL_ACEBENCH_DATA"}
-    if data is not None:
-        env["MUARL_ACEBENCH_DATA"] = data
-    return subprocess.run([sys.executable, "-m", "muarl", "gold", "acebench:multi_turn"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=120)
-
-
 def test_missing_or_malformed_data_directory_is_one_clear_line(tmp_path):
     broken = tmp_path / "broken"
     (broken / "possible_answer").mkdir(parents=True)
@@ -254,7 +245,7 @@ def test_missing_or_malformed_data_directory_is_one_clear_line(tmp_path):
     cases = [(None, "MUARL_ACEBENCH_DATA"), (str(tmp_path / "nowhere"), "does not exist"),
              (str(broken), "line 1 is not valid JSON"), (str(no_answers), "is missing")]
     for data, what in cases:
-        done = _cli(data, tmp_path)
+        done = _muarl(tmp_path, "gold", "acebench:multi_turn", env_data=data, timeout=120)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, done.stderr
         assert lines[0].startswith("muarl: error: ") and what in lines[0], lines[0]
@@ -262,13 +253,13 @@ def test_missing_or_malformed_data_directory_is_one_clear_line(tmp_path):
             assert Path(data).name in lines[0]
 
 
-def _muarl(tmp_path: Path, *args: str, env_data: str | None = None) -> subprocess.CompletedProcess:
+def _muarl(tmp_path: Path, *args: str, env_data: str | None = None,
+           timeout: int = 300) -> subprocess.CompletedProcess:
     """``muarl ARGS`` in a fresh process, with ``$MUARL_ACEBENCH_DATA`` set to ``env_data`` (or unset)."""
     env = {k: v for k, v in os.environ.items() if k != "MUARL_ACEBENCH_DATA"}
     if env_data is not None:
         env["MUARL_ACEBENCH_DATA"] = env_data
-    return subprocess.run([sys.executable, "-m", "muarl", *args], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=300)
+    return run_muarl(*args, cwd=tmp_path, env=env, timeout=timeout)
 
 
 def test_data_option_names_the_directory_over_the_variable(tmp_path):

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from conftest import require
+from conftest import play_tasks, require
 
 require(importlib.util.find_spec("bfcl_eval") is not None,
         "the bfcl extra is not installed (bash scripts/install.sh --dev)")
@@ -27,14 +27,9 @@ from muarl.bridges.bfcl import (  # noqa: E402
 )
 from muarl.cli import main  # noqa: E402
 from muarl.domain import get_domain  # noqa: E402
-from muarl.rollout import EpisodeConfig, RolloutEngine, run_episode  # noqa: E402
+from muarl.rollout import EpisodeConfig, run_episode  # noqa: E402
 from muarl.users.base import STOP  # noqa: E402
 from muarl.users.scripted import ScriptedUser  # noqa: E402
-
-
-def _play(domain, tasks, policy, max_turns=60):
-    engine = RolloutEngine(domain, policy, ScriptedUser(), EpisodeConfig(max_turns=max_turns), progress=False)
-    return [g[0] for g in asyncio.run(engine.run(tasks))]
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
@@ -42,7 +37,7 @@ def test_ground_truth_through_muarl_is_valid_for_bfcls_checker(category):
     domain = get_domain(f"bfcl:{category}")
     assert len(domain.tasks()) == 200
     tasks = domain.tasks()[:12]
-    trajs = _play(domain, tasks, GroundTruthPolicy())
+    trajs = play_tasks(domain, tasks, GroundTruthPolicy(), max_turns=60)
     for task, traj in zip(tasks, trajs, strict=True):
         assert traj.reward.reward == 1.0, (task.id, traj.reward.diff)
         assert traj.reward.checks[0].name == "bfcl multi_turn_checker"
@@ -72,7 +67,8 @@ def test_checker_rejects_a_skipped_turn_and_a_wrong_argument():
         return [[c.replace("folder='document'", "folder='archive'") for c in turn] for turn in truth]
 
     assert any("folder='document'" in c for turn in category_data("base").answers[task.id] for c in turn)
-    skipped, wrong = _play(domain, [task], _Broken(skip_last))[0], _play(domain, [task], _Broken(wrong_folder))[0]
+    skipped = play_tasks(domain, [task], _Broken(skip_last), max_turns=60)[0]
+    wrong = play_tasks(domain, [task], _Broken(wrong_folder), max_turns=60)[0]
     assert skipped.reward.reward == 0.0 and "empty_turn_model_response" in skipped.reward.diff[0]
     assert wrong.reward.reward == 0.0 and wrong.reward.diff
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import run_muarl
 from muarl.demo import PRESETS, run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _muarl(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"}  # table rows on one line each
-    return subprocess.run([sys.executable, "-m", "muarl", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return run_muarl(*args, env=env, timeout=600)
 
 
 @pytest.mark.slow

@@ -15,22 +15,21 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mcp_helpers import connect, free_port, serve_http, text
 from muarl.domain import Domain, get_domain, save_tasks
 from muarl.mcp import ServerSpec, mcp_domain
 from muarl.mcp.client import RemoteSession
@@ -66,12 +65,6 @@ def _note_task(domain: str) -> Task:
     return Task(id="notes-0", domain=domain, split="test", family="note", user_id="u",
                 scenario=Scenario(persona="a shopper", intents=[Intent(description=ask, question=ask, answer="noted")]),
                 instruction=ask, gold_actions=[Action(name="note_add", arguments={"text": "milk"})])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- a server that hangs inside a tool ------------------------------------------------------------------------
@@ -258,7 +251,7 @@ def test_cli_server_without_tasks_or_that_cannot_start_is_one_line(tmp_path: Pat
     assert main(_rollout(f"mcp:{config}", tmp_path / "run")) == 2
     err = capsys.readouterr().err.strip()
     assert "could not start" in err and "no-such-server" in err and len(err.splitlines()) == 1
-    assert main(_rollout(f"mcp:retail@http://127.0.0.1:{_free_port()}/mcp", tmp_path / "run")) == 2
+    assert main(_rollout(f"mcp:retail@http://127.0.0.1:{free_port()}/mcp", tmp_path / "run")) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot list the tools of MCP server" in err and len(err.splitlines()) == 1
 
@@ -267,41 +260,8 @@ def test_cli_server_without_tasks_or_that_cannot_start_is_one_line(tmp_path: Pat
 @pytest.fixture(scope="module")
 def closed_url() -> Iterator[str]:
     """``muarl serve-mcp retail --transport http`` with a control token and a bearer token."""
-    port = _free_port()
-    proc = subprocess.Popen([PY, "-m", "muarl", "serve-mcp", "retail", "--transport", "http", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MUARL_MCP_CONTROL_TOKEN": CONTROL, "MUARL_MCP_AUTH_TOKEN": AUTH})
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "server exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def _connect(url: str, token: str = AUTH) -> AsyncIterator[Any]:
-    """One connection of a plain SDK client (another framework's view of the server)."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
-    async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
-        yield client
-
-
-def _text(result: Any) -> str:
-    return "".join(getattr(b, "text", "") for b in result.content)
+    with serve_http({"MUARL_MCP_CONTROL_TOKEN": CONTROL, "MUARL_MCP_AUTH_TOKEN": AUTH}) as url:
+        yield url
 
 
 def test_session_ids_are_issued_by_the_server_and_bound_to_their_connection(closed_url: str,
@@ -311,37 +271,37 @@ def test_session_ids_are_issued_by_the_server_and_bound_to_their_connection(clos
     order = {"order_id": cancel.arguments["order_id"]}
 
     async def scenario() -> None:
-        async with _connect(closed_url) as a, _connect(closed_url) as b:
+        async with connect(closed_url, AUTH) as a, connect(closed_url, AUTH) as b:
             chosen = await a.call_tool("get_order_details", order, meta={"muarl/session": "my-own-id"})
-            assert chosen.is_error and "unknown session id" in _text(chosen)  # ids are not the client's to pick
+            assert chosen.is_error and "unknown session id" in text(chosen)  # ids are not the client's to pick
             opened = await a.call_tool(cancel.name, cancel.arguments, meta={"muarl/session": "new"})
-            assert not opened.is_error, _text(opened)
+            assert not opened.is_error, text(opened)
             issued = (opened.meta or {})["muarl/session"]
             assert len(issued) >= 32
             mine = await a.call_tool("get_order_details", order, meta={"muarl/session": issued})
-            assert json.loads(_text(mine))["status"] == "cancelled"
+            assert json.loads(text(mine))["status"] == "cancelled"
             stolen = await b.call_tool("get_order_details", order, meta={"muarl/session": issued})
-            assert stolen.is_error and "unknown session id" in _text(stolen)  # bound to a's connection
+            assert stolen.is_error and "unknown session id" in text(stolen)  # bound to a's connection
             own = await b.call_tool("get_order_details", order)
-            assert json.loads(_text(own))["status"] == "pending"
+            assert json.loads(text(own))["status"] == "pending"
 
     asyncio.run(scenario())
 
 
 def test_agent_side_clients_cannot_see_or_use_the_control_tools(closed_url: str) -> None:
     async def scenario() -> None:
-        async with _connect(closed_url) as agent:
+        async with connect(closed_url, AUTH) as agent:
             listed = {t.name for t in (await agent.list_tools()).tools}
             assert "get_order_details" in listed and not {n for n in listed if n.startswith("muarl_")}
             for name, args in (("muarl_state", {}), ("muarl_reset", {"context": {}})):
                 refused = await agent.call_tool(name, args)
-                assert refused.is_error and "unknown tool" in _text(refused)
+                assert refused.is_error and "unknown tool" in text(refused)
                 assert (refused.meta or {}).get("muarl/error") == "unknown_tool"
             forged = await agent.call_tool("muarl_state", {}, meta={"muarl/control": "a guess"})
             assert forged.is_error
-        async with _connect(closed_url) as controller:
+        async with connect(closed_url, AUTH) as controller:
             state = await controller.call_tool("muarl_state", {}, meta={"muarl/control": CONTROL})
-            assert not state.is_error and json.loads(_text(state))["domain"] == "retail"
+            assert not state.is_error and json.loads(text(state))["domain"] == "retail"
 
     asyncio.run(scenario())
 
@@ -385,7 +345,7 @@ def test_a_host_beyond_loopback_requires_a_token() -> None:
     env = {k: v for k, v in os.environ.items() if k != "MUARL_MCP_AUTH_TOKEN"}
     try:
         done = subprocess.run([PY, "-m", "muarl", "serve-mcp", "retail", "--transport", "http", "--host", "0.0.0.0",
-                               "--port", str(_free_port())], capture_output=True, text=True, timeout=30, env=env)
+                               "--port", str(free_port())], capture_output=True, text=True, timeout=30, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail("serve-mcp listened on 0.0.0.0 without a token")
     assert done.returncode == 2

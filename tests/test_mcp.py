@@ -8,24 +8,24 @@ import dataclasses
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from conftest import play_tasks
+from mcp_helpers import serve_http
 from muarl.domain import Domain, get_domain
 from muarl.gold import gold_score
 from muarl.mcp import MCPDomain, ServerSpec, mcp_domain
 from muarl.mcp.client import RemoteSession
 from muarl.policies.base import AgentTurn, Policy, PolicySession
-from muarl.policies.expert import ExpertPolicy
 from muarl.rewards import gold_env, score
-from muarl.rollout import EpisodeConfig, RolloutEngine, run_episode
+from muarl.rollout import run_episode
 from muarl.types import Intent, Message, Scenario, Task, ToolCall, Trajectory
 from muarl.users.scripted import ScriptedUser
 
@@ -45,12 +45,6 @@ def _round_trip_tasks(retail: Domain) -> list[Task]:
     return [picked[k] for k in kinds[:3]]
 
 
-def _play(domain: Domain, tasks: list[Task]) -> list[Trajectory]:
-    engine = RolloutEngine(domain, ExpertPolicy(), ScriptedUser(), EpisodeConfig(), concurrency=len(tasks),
-                           progress=False)
-    return [g[0] for g in asyncio.run(engine.run(tasks))]
-
-
 def _assert_same_episodes(over_mcp: list[Trajectory], local: list[Trajectory]) -> None:
     for remote, here in zip(over_mcp, local, strict=True):
         assert remote.reward is not None and remote.reward.reward == 1.0, remote.reward
@@ -62,29 +56,10 @@ def _assert_same_episodes(over_mcp: list[Trajectory], local: list[Trajectory]) -
 
 
 @pytest.fixture(scope="module")
-def http_url():
+def http_url() -> Iterator[str]:
     """``muarl serve-mcp retail --transport http`` on a free port, for the whole module (with a control token)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "muarl", "serve-mcp", "retail", "--transport", "http",
-                             "--port", str(port)], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MUARL_MCP_CONTROL_TOKEN": CONTROL_TOKEN})
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "server exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with serve_http({"MUARL_MCP_CONTROL_TOKEN": CONTROL_TOKEN}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +76,8 @@ def test_stdio_round_trip_matches_in_process(retail: Domain) -> None:
     assert [t.name for t in domain.tools] == [t.name for t in retail.tools]
     tasks = _round_trip_tasks(retail)
     assert sum(bool(t.gold_actions) for t in tasks) == 2
-    _assert_same_episodes(_play(domain, tasks), _play(retail, tasks))
+    _assert_same_episodes(play_tasks(domain, tasks, concurrency=len(tasks)),
+                          play_tasks(retail, tasks, concurrency=len(tasks)))
 
 
 def test_http_lists_schemas_and_annotations(http_url: str, retail: Domain) -> None:
@@ -119,7 +95,8 @@ def test_http_lists_schemas_and_annotations(http_url: str, retail: Domain) -> No
 
 def test_http_round_trip_matches_in_process(http_retail: MCPDomain, retail: Domain) -> None:
     tasks = _round_trip_tasks(retail)
-    _assert_same_episodes(_play(http_retail, tasks), _play(retail, tasks))
+    _assert_same_episodes(play_tasks(http_retail, tasks, concurrency=len(tasks)),
+                          play_tasks(retail, tasks, concurrency=len(tasks)))
 
 
 def test_http_sessions_are_isolated(http_retail: MCPDomain, retail: Domain) -> None:

@@ -18,18 +18,16 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mcp_helpers import connect, free_port, stop, text, wait_listening
 from muarl.domain import Domain, save_tasks
 from muarl.mcp.sessions import LOG_CHARS, LOG_KEEP
 from muarl.types import Action, Intent, Scenario, Task
@@ -39,12 +37,6 @@ RECORDER = str(Path(__file__).with_name("mcp_recording_server.py"))
 CONTROL = secrets.token_hex(20)
 AUTH = secrets.token_hex(20)
 pytestmark = pytest.mark.slow  # real server processes; about 3 s of start-up each on 2 cores
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -62,7 +54,7 @@ def _serve(tmp: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] 
            command: list[str] | None = None, port: int | None = None) -> Iterator[Served]:
     """A server process on a free port of ``host`` (``muarl serve-mcp retail --transport http`` unless
     ``command``, listening on ``port``, says otherwise), its stderr in a file; stopped with SIGINT afterwards."""
-    port = port or _free_port(host)
+    port = port or free_port(host)
     log = tmp / f"server-{port}.log"
     base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}
     with log.open("w") as err:
@@ -71,45 +63,16 @@ def _serve(tmp: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] 
                                 stderr=err, text=True, env={**base, **(env or {})})
     served = Served(f"http://{host}:{port}/mcp", proc, log)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, served.stderr()
-            try:
-                socket.create_connection((host, port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.2)
+        wait_listening(proc, host, port, served.stderr)
         yield served
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def _connect(url: str, token: str | None = None) -> AsyncIterator[Any]:
-    """One connection (one MCP session) of a plain SDK client; it sends DELETE when it closes."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"} if token else {})
-    async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
-        yield client
-
-
-def _text(result: Any) -> str:
-    return "".join(getattr(b, "text", "") for b in result.content)
+        stop(proc)
 
 
 async def _state(client: Any) -> dict[str, Any]:
     result = await client.call_tool("muarl_state", {}, meta={"muarl/control": CONTROL})
-    assert not result.is_error, _text(result)
-    return json.loads(_text(result))
+    assert not result.is_error, text(result)
+    return json.loads(text(result))
 
 
 def _cancel_task(retail: Domain) -> tuple[Action, dict[str, str]]:
@@ -120,14 +83,14 @@ def _cancel_task(retail: Domain) -> tuple[Action, dict[str, str]]:
 
 async def _status(client: Any, order: dict[str, str], meta: dict[str, str] | None = None) -> str:
     result = await client.call_tool("get_order_details", order, meta=meta)
-    assert not result.is_error, _text(result)
-    return json.loads(_text(result))["status"]
+    assert not result.is_error, text(result)
+    return json.loads(text(result))["status"]
 
 
 async def _refused(url: str) -> str:
     """Why a new connection was refused ('' if it was not)."""
     try:
-        async with _connect(url) as client:
+        async with connect(url) as client:
             await client.list_tools()
     except Exception as err:  # noqa: BLE001 - whatever the SDK raises for a refused handshake
         while isinstance(getattr(err, "exceptions", None), tuple):  # anyio's exception groups, to the cause
@@ -144,16 +107,16 @@ def test_at_max_sessions_new_sessions_are_refused_and_live_ones_keep_their_datab
     cancel, order = _cancel_task(retail)
 
     async def scenario(url: str) -> None:
-        async with _connect(url) as victim:
+        async with connect(url) as victim:
             assert not (await victim.call_tool(cancel.name, cancel.arguments)).is_error
-            async with _connect(url) as greedy:
+            async with connect(url) as greedy:
                 answers = [await greedy.call_tool("get_order_details", order, meta={"muarl/session": "new"})
                            for _ in range(3)]  # the victim's database and these: one more than the limit
                 assert await _status(victim, order) == "cancelled", "a live session's database was wiped"
                 assert [a.is_error for a in answers] == [False, False, True]
-                assert "--max-sessions" in _text(answers[2]) and "3 sessions" in _text(answers[2])
+                assert "--max-sessions" in text(answers[2]) and "3 sessions" in text(answers[2])
                 assert (answers[2].meta or {}).get("muarl/error") == "tool_fault"
-                async with _connect(url) as third:
+                async with connect(url) as third:
                     await third.list_tools()  # the SDK's table: victim, greedy, third = 3
                     assert "Too many open sessions" in await _refused(url)
                 assert not await _refused(url)  # third's DELETE freed its place
@@ -169,11 +132,11 @@ def test_idle_sessions_expire_and_free_their_place(tmp_path: Path, retail: Domai
 
     async def scenario(url: str) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            idle = await stack.enter_async_context(_connect(url))
+            idle = await stack.enter_async_context(connect(url))
             assert not (await idle.call_tool(cancel.name, cancel.arguments)).is_error
             assert "Too many open sessions" in await _refused(url)
             await asyncio.sleep(3.5)
-            async with _connect(url) as late:
+            async with connect(url) as late:
                 assert await _status(late, order) == "pending"  # its own database, the idle one's is gone
             with pytest.raises(Exception, match="(?i)session"):  # the idle session is closed: its id unknown
                 await idle.call_tool("get_order_details", order)
@@ -187,7 +150,7 @@ def test_issued_session_ids_expire_when_idle(tmp_path: Path, retail: Domain) -> 
     cancel, order = _cancel_task(retail)
 
     async def scenario(url: str) -> None:
-        async with _connect(url) as client:
+        async with connect(url) as client:
             opened = await client.call_tool(cancel.name, cancel.arguments, meta={"muarl/session": "new"})
             issued = {"muarl/session": (opened.meta or {})["muarl/session"]}
             assert await _status(client, order, issued) == "cancelled"
@@ -196,7 +159,7 @@ def test_issued_session_ids_expire_when_idle(tmp_path: Path, retail: Domain) -> 
                 await asyncio.sleep(0.5)
             gone = await client.call_tool("get_order_details", order, meta=issued)
             assert gone.is_error, "an issued id unused for longer than the idle timeout still has its database"
-            assert "unknown session id" in _text(gone), _text(gone)
+            assert "unknown session id" in text(gone), text(gone)
             assert await _status(client, order) == "pending"  # the connection's own database is still there
 
     with _serve(tmp_path, "--idle-timeout", "2") as served:
@@ -215,9 +178,9 @@ def test_a_disconnect_frees_the_session_and_its_issued_ids(controlled: Served, r
     cancel, _ = _cancel_task(retail)
 
     async def scenario() -> None:
-        async with _connect(controlled.url) as grader:
+        async with connect(controlled.url) as grader:
             before = (await _state(grader))["sessions"]
-            async with _connect(controlled.url) as client:
+            async with connect(controlled.url) as client:
                 assert not (await client.call_tool(cancel.name, cancel.arguments)).is_error
                 for _ in range(2):
                     await client.call_tool(cancel.name, cancel.arguments, meta={"muarl/session": "new"})
@@ -242,7 +205,7 @@ def test_the_call_log_keeps_the_last_calls_cut_short(controlled: Served) -> None
     big = "x" * (512 * 1024) + "@example.com"
 
     async def scenario() -> None:
-        async with _connect(controlled.url) as client:
+        async with connect(controlled.url) as client:
             await _state(client)
             for _ in range(3):  # the allocator's first growth, before the measurement
                 await client.call_tool("find_user_id_by_email", {"email": big})
@@ -262,14 +225,14 @@ def test_the_call_log_keeps_the_last_calls_cut_short(controlled: Served) -> None
 # -- a malformed control call ---------------------------------------------------------------------------------
 def test_malformed_reset_context_is_one_clean_error(controlled: Served) -> None:
     async def scenario() -> None:
-        async with _connect(controlled.url) as grader:
+        async with connect(controlled.url) as grader:
             for context, says in (({"task": 5}, "does not fit domain retail"), ({"self": 1}, "does not fit"),
                                   ([1, 2], "must be a JSON object")):
                 result = await grader.call_tool("muarl_reset", {"context": context},
                                                 meta={"muarl/control": CONTROL})
                 assert result.is_error and (result.meta or {}).get("muarl/error") == "invalid_arguments", result
-                assert _text(result).startswith("Error: muarl_reset") and says in _text(result)
-                assert len(_text(result).splitlines()) == 1
+                assert text(result).startswith("Error: muarl_reset") and says in text(result)
+                assert len(text(result).splitlines()) == 1
             assert not (await grader.call_tool("muarl_reset", {"context": {}},
                                                meta={"muarl/control": CONTROL})).is_error
 
@@ -282,7 +245,7 @@ def test_malformed_reset_context_is_one_clean_error(controlled: Served) -> None:
 def recorder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A third-party MCP server (tests/mcp_recording_server.py) that writes down every request it gets."""
     tmp = tmp_path_factory.mktemp("recorder")
-    port = _free_port()
+    port = free_port()
     with _serve(tmp, command=[PY, RECORDER, str(port), str(tmp / "requests.jsonl")], port=port) as served:
         yield served
 
@@ -312,7 +275,7 @@ def test_tokens_go_only_to_the_url_they_are_bound_to(recorder: Served, tmp_path:
     monkeypatch.setenv("MUARL_MCP_AUTH_TOKEN", AUTH)
     config = tmp_path / "echo.json"
     config.write_text(json.dumps({"server": recorder.url, "tasks": str(_note_tasks(tmp_path / "tasks.json"))}))
-    for bound in (None, f"http://127.0.0.1:{_free_port()}/mcp"):
+    for bound in (None, f"http://127.0.0.1:{free_port()}/mcp"):
         if bound is None:
             monkeypatch.delenv("MUARL_MCP_URL", raising=False)
         else:
@@ -354,7 +317,7 @@ def test_refused_at_start_in_one_line(case: str, tmp_path: Path) -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}
     try:
         done = subprocess.run([PY, "-m", "muarl", "serve-mcp", "retail", "--transport", "http", "--port",
-                               str(_free_port()), *args], capture_output=True, text=True, timeout=30,
+                               str(free_port()), *args], capture_output=True, text=True, timeout=30,
                               env={**base, **env})
     except subprocess.TimeoutExpired:
         pytest.fail(f"serve-mcp started with {case}")

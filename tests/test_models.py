@@ -13,9 +13,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+from conftest import run_muarl
 from muarl.models import resolve
 
 
@@ -35,8 +35,7 @@ def _hub_cache(root: Path, repo_id: str) -> Path:
 
 def _muarl(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "muarl", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
+    return run_muarl(*args, env=env)
 
 
 def test_a_hub_model_id_is_played_from_the_hub_cache_and_a_missing_one_is_one_line(tmp_path):

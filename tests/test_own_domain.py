@@ -8,22 +8,15 @@ script runs from a folder holding a copy of it, named ``library_domain:domain`` 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import muarl_console
+
 TESTS = Path(__file__).parent
 SPEC = "library_domain:domain"
-
-
-def _muarl(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    exe = shutil.which("muarl")
-    assert exe, "the muarl console script is not installed"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the cwd may provide the plug-in
-    return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +29,7 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def evaluated(workdir: Path) -> Path:
     out = workdir / "eval"
-    done = _muarl(workdir, "eval", "--domain", SPEC, "--policy", "expert", "--user", "scripted", "--split",
+    done = muarl_console(workdir, "eval", "--domain", SPEC, "--policy", "expert", "--user", "scripted", "--split",
                   "test", "--k", "2", "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr
     return out
@@ -64,7 +57,7 @@ def test_generic_teacher_and_scenario_user_win_every_test_task(evaluated: Path) 
 def test_view_of_a_plug_in_run_finds_the_tasks_again(workdir: Path, evaluated: Path) -> None:
     config = json.loads((evaluated / "config.json").read_text())
     assert config["domain"] == SPEC
-    shown = _muarl(workdir, "view", str(evaluated), "--out", str(workdir / "view.html"), "--compress", "never")
+    shown = muarl_console(workdir, "view", str(evaluated), "--out", str(workdir / "view.html"), "--compress", "never")
     assert shown.returncode == 0, shown.stderr
     page = (workdir / "view.html").read_text()
     assert "renew_withheld_card" in page or "third_renewal" in page  # families, hence the tasks, were found
@@ -72,7 +65,7 @@ def test_view_of_a_plug_in_run_finds_the_tasks_again(workdir: Path, evaluated: P
 
 def test_synth_writes_one_record_per_clean_win(workdir: Path) -> None:
     out = workdir / "synth"
-    done = _muarl(workdir, "synth", "--domain", SPEC, "--teacher", "expert", "--user", "scripted", "--split", "train",
+    done = muarl_console(workdir, "synth", "--domain", SPEC, "--teacher", "expert", "--user", "scripted", "--split", "train",
                   "--out", str(out))
     assert done.returncode == 0, done.stderr
     import library_domain
@@ -85,7 +78,7 @@ def test_synth_writes_one_record_per_clean_win(workdir: Path) -> None:
 @pytest.mark.slow
 def test_one_grpo_step_on_the_plug_in_domain(workdir: Path) -> None:
     out = workdir / "grpo"
-    done = _muarl(workdir, "grpo", "--preset", "tiny", "--model", "tiny-random", "--domain", SPEC, "--out", str(out),
+    done = muarl_console(workdir, "grpo", "--preset", "tiny", "--model", "tiny-random", "--domain", SPEC, "--out", str(out),
                   "--steps", "1", "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "16",
                   "--max-turns", "3", "--no-progress")
     assert done.returncode == 0, done.stderr

@@ -10,22 +10,16 @@ PYTHONPATH cleared, so that only the current directory can provide it).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import muarl_console
+
 TESTS = Path(__file__).parent
 PLUGIN = "counter_plugin"
-
-
-def _muarl(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    exe = shutil.which("muarl")
-    assert exe, "the muarl console script is not installed"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def _eval(workdir: Path, out: str, policy: str = f"{PLUGIN}:expert", *extra: str) -> subprocess.CompletedProcess:
-    return _muarl(workdir, "eval", "--domain", f"{PLUGIN}:domain", "--policy", policy, "--user",
+    return muarl_console(workdir, "eval", "--domain", f"{PLUGIN}:domain", "--policy", policy, "--user",
                   f"{PLUGIN}:CounterUser", "--k", "1", "--out", str(workdir / out), "--quiet", *extra)
 
 
@@ -65,7 +59,7 @@ def test_domain_policy_and_user_of_ones_own_from_the_current_directory(expert_ru
 
 
 def test_a_zero_argument_factory_names_a_domain(workdir: Path) -> None:
-    done = _muarl(workdir, "gold", f"{PLUGIN}:make_domain", "--split", "test")
+    done = muarl_console(workdir, "gold", f"{PLUGIN}:make_domain", "--split", "test")
     assert done.returncode == 0, done.stderr
     assert "all gold trajectories score 1.0" in done.stdout
 
@@ -77,11 +71,11 @@ def test_noop_is_the_do_nothing_floor(noop_run: Path, workdir: Path) -> None:
     trajectories = [json.loads(line) for line in (noop_run / "trajectories.jsonl").read_text().splitlines()]
     assert trajectories and all(not t["tool_log"] for t in trajectories)
     for command in ("eval", "rollout", "chat"):
-        assert "noop" in _muarl(workdir, command, "--help").stdout
+        assert "noop" in muarl_console(workdir, command, "--help").stdout
 
 
 def test_view_finds_a_plug_in_runs_tasks_again(expert_run: Path, workdir: Path) -> None:
-    done = _muarl(workdir, "view", str(expert_run), "--compress", "never", "--out", str(workdir / "view.html"))
+    done = muarl_console(workdir, "view", str(expert_run), "--compress", "never", "--out", str(workdir / "view.html"))
     assert done.returncode == 0, done.stderr
     page = (workdir / "view.html").read_text()
     assert '"family":"bump_other"' in page.replace(" ", "") and "Ask to add one to counter" in page
@@ -89,17 +83,17 @@ def test_view_finds_a_plug_in_runs_tasks_again(expert_run: Path, workdir: Path) 
 
 def test_view_of_a_rollout_finds_the_plug_in_through_its_summary(workdir: Path) -> None:
     out = workdir / "rollout"
-    done = _muarl(workdir, "rollout", "--domain", f"{PLUGIN}:domain", "--policy", f"{PLUGIN}:expert", "--user",
+    done = muarl_console(workdir, "rollout", "--domain", f"{PLUGIN}:domain", "--policy", f"{PLUGIN}:expert", "--user",
                   f"{PLUGIN}:CounterUser", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["domain"] == f"{PLUGIN}:domain"
-    done = _muarl(workdir, "view", str(out), "--compress", "never")
+    done = muarl_console(workdir, "view", str(out), "--compress", "never")
     assert done.returncode == 0, done.stderr
     assert "Ask to add one to counter" in (out / "report.html").read_text()
 
 
 def test_compare_and_resume_find_the_plug_in(expert_run: Path, noop_run: Path, workdir: Path) -> None:
-    done = _muarl(workdir, "compare", str(noop_run), str(expert_run), "--json", "--samples", "200")
+    done = muarl_console(workdir, "compare", str(noop_run), str(expert_run), "--json", "--samples", "200")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["domain"] == f"{PLUGIN}:domain" and report["shared_tasks"] == 4
@@ -107,7 +101,7 @@ def test_compare_and_resume_find_the_plug_in(expert_run: Path, noop_run: Path, w
     cut = workdir / "cut"
     shutil.copytree(noop_run, cut)
     (cut / "results.json").unlink()
-    done = _muarl(workdir, "compare", str(cut), str(expert_run), "--json", "--samples", "200")
+    done = muarl_console(workdir, "compare", str(cut), str(expert_run), "--json", "--samples", "200")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["shared_tasks"] == 4
     # resuming: the same command on the same directory finds every episode already done
@@ -135,7 +129,7 @@ def test_compare_and_resume_find_the_plug_in(expert_run: Path, noop_run: Path, w
 def test_a_bad_plug_in_is_one_line_and_exit_2(workdir: Path, option: str, spec: str, says: str) -> None:
     args = {"--domain": f"{PLUGIN}:domain", "--policy": f"{PLUGIN}:expert", "--user": f"{PLUGIN}:CounterUser"}
     args[option] = spec
-    done = _muarl(workdir, "rollout", *[x for kv in args.items() for x in kv], "--out", str(workdir / "bad"))
+    done = muarl_console(workdir, "rollout", *[x for kv in args.items() for x in kv], "--out", str(workdir / "bad"))
     assert done.returncode == 2, (done.stdout, done.stderr)
     err = done.stderr.strip()
     assert len(err.splitlines()) == 1 and err.startswith("muarl: error: ") and says in err, err

@@ -7,20 +7,18 @@ scenario-driven scripted user, and must refuse loudly to play a task it cannot.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
 import pytest
 
+from conftest import play_episode
 from muarl.domain import Domain, get_domain
 from muarl.policies.expert import CONFIRM, ExpertPolicy
 from muarl.policies.teacher import CannotPlay, GenericTeacher
 from muarl.rewards import is_confirmation
-from muarl.rollout import EpisodeConfig, run_episode
 from muarl.tools import ToolError, tool
 from muarl.types import Action, Intent, Scenario, Task, Trajectory
-from muarl.users.scripted import ScriptedUser
 
 POLICY = """You are a pharmacy assistant.
 - Verify the patient first with find_patient (last name and date of birth); act only for that patient.
@@ -123,11 +121,6 @@ def _domain(**changes) -> Domain:
     return Domain(**{**fields, **changes})
 
 
-def _play(domain: Domain, task: Task, policy: ExpertPolicy | None = None, seed: int = 0) -> Trajectory:
-    return asyncio.run(run_episode(domain, task, policy or ExpertPolicy(), ScriptedUser(), seed=seed,
-                                   config=EpisodeConfig(require_outputs=True)))
-
-
 def _calls(traj: Trajectory) -> list[tuple[int, str, dict]]:
     return [(i, c.name, c.arguments) for i, m in enumerate(traj.messages) for c in m.tool_calls]
 
@@ -140,7 +133,7 @@ def _last_user(traj: Trajectory, before: int) -> str:
 def test_generic_teacher_wins_a_domain_it_has_never_seen(seed: int) -> None:
     domain = _domain()
     for task in domain.tasks():
-        traj = _play(domain, task, seed=seed)
+        traj = play_episode(domain, task, seed=seed)
         assert traj.reward is not None and traj.reward.reward == 1.0, (task.id, traj.stop_reason, traj.messages)
         assert not traj.reward.violations, task.id
         calls = _calls(traj)
@@ -151,7 +144,7 @@ def test_generic_teacher_wins_a_domain_it_has_never_seen(seed: int) -> None:
 
 def test_it_asks_for_the_withheld_fact_proposes_and_waits_for_a_yes() -> None:
     domain = _domain()
-    traj = _play(domain, domain.task("refill"))
+    traj = play_episode(domain, domain.task("refill"))
     auth_at = _calls(traj)[0][0]
     assert "1984-02-29" in _last_user(traj, auth_at)  # called only once the user has said the withheld date
     # asked for by the scenario's own words for it
@@ -168,7 +161,7 @@ def test_it_asks_for_the_withheld_fact_proposes_and_waits_for_a_yes() -> None:
 
 def test_it_refuses_the_out_of_policy_request_and_keeps_refusing() -> None:
     domain = _domain()
-    traj = _play(domain, domain.task("no_refills"))
+    traj = play_episode(domain, domain.task("no_refills"))
     assert not [c for c in _calls(traj) if c[1] == "refill_prescription"]
     refusals = [m.content for m in traj.messages if m.role == "assistant" and re.search(r"\bcan't\b", m.content)]
     assert len(refusals) >= 2, traj.messages
@@ -177,14 +170,14 @@ def test_it_refuses_the_out_of_policy_request_and_keeps_refusing() -> None:
 
 def test_it_says_the_answer() -> None:
     domain = _domain()
-    traj = _play(domain, domain.task("expiry"))
+    traj = play_episode(domain, domain.task("expiry"))
     assert traj.reward is not None and traj.reward.outputs_ok
     assert not [c for c in _calls(traj) if c[1] == "refill_prescription"]
 
 
 def test_the_unsafe_variant_writes_without_asking_and_is_flagged() -> None:
     domain = _domain()
-    traj = _play(domain, domain.task("refill"), ExpertPolicy(skip_confirmation=True))
+    traj = play_episode(domain, domain.task("refill"), ExpertPolicy(skip_confirmation=True))
     assert traj.reward is not None and traj.reward.reward == 0.0  # wrote the first request, before the change
     assert any(v.kind == "unconfirmed_write" for v in traj.reward.violations)
 

@@ -9,7 +9,6 @@ read tool, and a task set whose test split silently lacked a family the train sp
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 import re
@@ -18,14 +17,13 @@ import warnings
 import pytest
 
 import library_domain as lib
+from conftest import play_episode
 from muarl.domain import Domain
 from muarl.policies.expert import ExpertPolicy
 from muarl.policies.teacher import CannotPlay, identifiers, policy_rule
-from muarl.rollout import EpisodeConfig, run_episode
 from muarl.taskgen import Draft, FamilyShareWarning, MissingFamilyWarning, generate
 from muarl.tools import ToolError, tool
-from muarl.types import Action, Intent, Scenario, Task, Trajectory
-from muarl.users.scripted import ScriptedUser
+from muarl.types import Action, Intent, Scenario, Trajectory
 
 
 def _variant(name: str, families: dict, tools: list | None = None, **changes) -> Domain:
@@ -34,11 +32,6 @@ def _variant(name: str, families: dict, tools: list | None = None, **changes) ->
     fields = {"name": name, "tools": tools or lib.domain.tools, "task_counts": {"train": 6, "dev": 0, "test": 0},
               "build_tasks": lambda d, seed, counts: generate(d, seed, counts, families, users)}
     return dataclasses.replace(lib.domain, **{**fields, **changes})
-
-
-def _play(domain: Domain, task: Task) -> Trajectory:
-    return asyncio.run(run_episode(domain, task, ExpertPolicy(), ScriptedUser(), seed=0,
-                                   config=EpisodeConfig(require_outputs=True)))
 
 
 def _calls(traj: Trajectory) -> list[tuple[str, dict]]:
@@ -106,14 +99,14 @@ def test_an_id_no_user_message_or_tool_result_showed_is_cannot_play_not_invented
     broken = _variant("lib-reserve", BY_TITLE, [lib.find_member, lib.get_loans, search, lib.reserve_book])
     for task in broken.tasks("train"):
         book = task.gold_actions[0].arguments["book_id"]
-        traj = _play(broken, task)
+        traj = play_episode(broken, task)
         _cannot_play(traj, "reserve_book", book)
         assert not any(book in str(args) for _, args in _calls(traj)), _calls(traj)
         assert not any(book in m.content for m in traj.messages if m.role == "assistant")
     # the same tasks with a search the teacher can fill (its required title from the fact book_title) play
     sound = _variant("lib-reserve", BY_TITLE, [lib.find_member, lib.get_loans, lib.search_books, lib.reserve_book])
     for task in sound.tasks("train"):
-        traj = _play(sound, task)
+        traj = play_episode(sound, task)
         assert traj.reward is not None and traj.reward.reward == 1.0, traj.messages
         assert [name for name, _ in _calls(traj)][-2:] == ["search_books", "reserve_book"]
 
@@ -139,7 +132,7 @@ def test_a_refusal_quotes_the_clause_that_matches_the_request() -> None:
     tasks = broken.tasks("train")
     assert tasks
     for task in tasks:
-        traj = _play(broken, task)
+        traj = play_episode(broken, task)
         assert traj.reward is not None and traj.reward.reward == 1.0, traj.messages
         refusals = [m.content for m in traj.messages if m.role == "assistant" and "can't" in m.content]
         assert refusals and all("a loan may not be renewed more than twice" in r for r in refusals), refusals
@@ -244,7 +237,7 @@ def test_a_read_tool_never_gets_the_write_statement() -> None:
                                                                             change])
     for task in broken.tasks("train"):
         statement = task.gold_actions[0].arguments["command"]
-        traj = _play(broken, task)
+        traj = play_episode(broken, task)
         reads = [args for name, args in _calls(traj) if name == "query"]
         assert statement not in [a.get("command") for a in reads], reads
         assert traj.reward is not None and traj.reward.reward == 1.0 and not traj.reward.violations, traj.messages
