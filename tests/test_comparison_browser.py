@@ -78,6 +78,24 @@ def _first_in_main(driver) -> dict:
                 top: table ? table.getBoundingClientRect().top : null};""")
 
 
+def assert_accessible(driver) -> None:
+    """What a screen reader and a keyboard need of the page: its language, headings that never skip a level
+    going deeper, a caption and scoped headers on every table, alt text on every image, text on every link."""
+    found = driver.execute_script("""
+        const levels = [...document.querySelectorAll('h1, h2, h3, h4, h5, h6')].map(h => Number(h.tagName[1]));
+        return {lang: document.documentElement.lang, levels,
+                tables: [...document.querySelectorAll('main table.comparison')].map(t =>
+                    !!t.caption && t.caption.textContent.trim() !== '' &&
+                    [...t.querySelectorAll('th')].every(th => th.scope === 'col' || th.scope === 'row')),
+                no_alt: [...document.images].filter(i => !(i.getAttribute('alt') || '').trim()).length,
+                no_text: [...document.links].filter(a => !a.textContent.trim()).map(a => a.href)};""")
+    assert found["lang"] == "en"
+    levels = found["levels"]
+    assert levels[0] == 1 and all(b <= a + 1 for a, b in zip(levels[:-1], levels[1:], strict=True)), levels
+    assert found["tables"] and all(found["tables"]), found["tables"]
+    assert found["no_alt"] == 0 and found["no_text"] == [], found
+
+
 def assert_comparison_page(driver, page: Path) -> dict:
     """Open ``page`` (a comparison report.html) and check what a new user sees first: the first thing in
     <main> is the comparison table, near the top of the window, with a value per arm and a 95% interval;
@@ -127,12 +145,13 @@ def test_the_demo_report_opens_on_the_comparison_and_links_into_the_viewer(brows
     assert "1 episodes went from failure to success, 0 the other way" in browser.find_element(
         "id", "changed-summary").text
     before, after = pairs[0].find_elements("css selector", ".side")
-    assert before.find_element("css selector", "h4").text == "cold start reward 0"
-    assert after.find_element("css selector", "h4").text == "after RL reward 1"
+    assert before.find_element("css selector", "h3").text == "cold start reward 0"
+    assert after.find_element("css selector", "h3").text == "after RL reward 1"
     calls = [e.text for e in after.find_elements("css selector", ".lane-agent .tool-name")]
     assert calls == [c.name for m in fixed.messages for c in m.tool_calls] and calls
     said = " ".join(after.text.split())
     assert all(" ".join(m.content.split()) in said for m in fixed.messages if m.role == "user")
+    assert_accessible(browser)
     _assert_screenshot(browser, tmp_path / "comparison.png")
     _no_console_errors(browser)
 

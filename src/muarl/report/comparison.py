@@ -36,9 +36,11 @@ IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg
                ".gif": "image/gif", ".webp": "image/webp"}
 #: what the page adds to the viewer's stylesheet
 STYLE = """
-main > section { margin-bottom: 28px; }
+main > section { margin-bottom: 28px; scroll-margin-top: 70px; }
+details.pair { scroll-margin-top: 70px; }
 table.comparison { margin: 4px 0 8px; }
-table.comparison caption { caption-side: top; text-align: left; font-weight: 700; font-size: 16px; padding: 4px 0 6px; }
+table.comparison caption { caption-side: top; text-align: left; padding: 4px 0 6px; }
+table.comparison caption h2 { font-size: 16px; margin: 0; }
 table.comparison td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 table.comparison th[scope="row"] { font-weight: 600; background: #f8fafc; }
 table.comparison .ci { color: #475569; }
@@ -53,7 +55,7 @@ figcaption { font-size: 13px; color: #334155; margin-top: 4px; max-width: 560px;
 details.pair { background: #fff; border: 1px solid #e2e8f0; padding: 6px 12px; margin: 10px 0; }
 details.pair > summary { font-weight: 600; cursor: pointer; }
 .pair-sides { display: grid; grid-template-columns: repeat(auto-fit, minmax(340px, 1fr)); gap: 12px; margin-top: 8px; }
-.side h4 { margin: 4px 0 6px; }
+.side h3 { margin: 4px 0 6px; font-size: 14px; }
 .turns { list-style: none; margin: 0; padding: 0; }
 .turns li.ev { margin: 3px 0; }
 .turns .who { font-weight: 700; margin-right: 6px; }
@@ -279,7 +281,7 @@ def _table(table: Mapping[str, Any], arms: dict[str, Mapping[str, Any]], n: int)
     if table.get("note"):
         notes.append(escape(str(table["note"])))
     return (f'<table class="grid comparison" id="comparison-table{"" if n == 0 else f"-{n}"}">'
-            f"<caption>{caption}</caption><thead><tr>{''.join(head)}</tr></thead>"
+            f"<caption><h2>{caption}</h2></caption><thead><tr>{''.join(head)}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>"
             + "".join(f'<p class="note">{note}</p>' for note in notes))
 
@@ -336,7 +338,7 @@ def _pair(pair: Mapping[str, Any], n: int, open_: bool) -> str:
                 f"viewer<span class=\"sr-only\"> ({escape(str(side.get('label', '')))})</span></a>"
                 if side.get("href") else "")
         turns = "".join(_turn(m) for m in side.get("messages", []))
-        sides.append(f'<div class="side"><h4>{escape(str(side.get("label", "")))}{badge}</h4>'
+        sides.append(f'<div class="side"><h3>{escape(str(side.get("label", "")))}{badge}</h3>'
                      f'<p>{link}</p><ol class="turns">{turns}</ol></div>')
     outcome = escape(str(pair.get("outcome", "")))
     return (f'<details class="pair" id="pair-{n}" data-outcome="{outcome}"{" open" if open_ else ""}>'
