@@ -391,18 +391,21 @@ def changed_summary(changes: list[Any]) -> str:
             "same user seed, before and after).")
 
 
-def changed_conversations(out: Path, shown: int = 3) -> Path:
-    """``changed.md``: held-out episodes that changed outcome with RL, before and after, same task and same
-    user seed (the same trial of the same task), the ones RL fixed first
-    (:func:`muarl.report.comparison.paired_changes`)."""
+def changed_conversations(out: Path, shown: int = 3, runs: tuple[str, str] = ("eval-sft", "eval-rl"),
+                          labels: tuple[str, str] = ("cold start", "after RL"),
+                          title: str = "Held-out conversations that changed with RL") -> Path:
+    """``changed.md`` in ``out``: held-out episodes of the evaluations ``runs`` (folders of
+    ``out``: the cold start's and the RL model's) whose outcome differs, before and after, same task and
+    same user seed (the same trial of the same task), the ones the second fixed first
+    (:func:`muarl.report.comparison.paired_changes`); ``labels`` name the two sides."""
     from muarl.report.comparison import paired_changes
 
-    changes = paired_changes(out / "eval-sft", out / "eval-rl")
-    parts = [f"# Held-out conversations that changed with RL\n\n{changed_summary(changes)}\n"]
+    changes = paired_changes(out / runs[0], out / runs[1])
+    parts = [f"# {title}\n\n{changed_summary(changes)}\n"]
     for c in changes[:shown]:
         a, b = c.a, c.b
-        parts.append(f"## {a.task_id}: {'fixed' if c.gain > 0 else 'broken'} by RL\n\n### cold start "
-                     f"(reward {a.reward.reward if a.reward else 0:.0f})\n\n{_conversation(a)}\n\n### after RL "
+        parts.append(f"## {a.task_id}: {'fixed' if c.gain > 0 else 'broken'} ({labels[0]} -> {labels[1]})\n\n### {labels[0]} "
+                     f"(reward {a.reward.reward if a.reward else 0:.0f})\n\n{_conversation(a)}\n\n### {labels[1]} "
                      f"(reward {b.reward.reward if b.reward else 0:.0f})\n\n{_conversation(b)}\n")
     path = out / "changed.md"
     path.write_text("\n".join(parts), encoding="utf-8")

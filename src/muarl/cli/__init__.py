@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from types import ModuleType
 
 #: the commands' modules, in the order ``muarl --help`` lists them
-COMMANDS = ("domains", "gold", "rollout", "synth", "sft", "grpo", "init_model", "demo", "pretrain", "eval", "compare",
-            "chat", "view", "serve_mcp", "mcp_tools")
+COMMANDS = ("domains", "gold", "rollout", "synth", "sft", "grpo", "init_model", "demo", "ablate", "pretrain", "eval",
+            "compare", "chat", "view", "serve_mcp", "mcp_tools")
 
 
 def command_modules() -> list[ModuleType]:

@@ -32,7 +32,7 @@ import re
 from typing import TYPE_CHECKING
 
 from muarl.types import Task
-from muarl.users.base import Act, UserReply
+from muarl.users.base import STOP, Act, UserReply
 from muarl.users.phrases import NOT_TRANSFER, PROPOSAL, REFUSAL, TRANSFER, norm, says_value
 from muarl.users.scripted import ScriptedSession, ScriptedUser, registered_domain
 
@@ -97,9 +97,7 @@ class StaticSession(ScriptedSession):
         if not text.strip():
             return self.nothing_to_add()
         if TRANSFER.search(text) and not NOT_TRANSFER.search(text):
-            ended = self.stop("Thank you.")
-            ended.stop = "transfer"
-            return ended
+            return UserReply(text=f"Thank you. {STOP}", stop="transfer")
         self._settle_confirmed(text)
         confirmed = self._confirm(text)
         if confirmed is not None:
