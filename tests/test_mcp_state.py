@@ -279,9 +279,13 @@ def test_a_state_path_every_episode_shares_is_refused_before_the_run(
     (["python", "-m", "muarl", "serve-mcp", "retail", "--seed", "3"], {"PYTHONPATH": "/a/b"}, []),
     (["mcp-server-time", "--local-timezone", "America/New_York"], {}, []),
     (["python", "server.py", "--verbose"], {}, []),
+    (["mcp-server-filesystem", "./notes"], {}, ["./notes"]),
+    (["python", "-m", "muarl", "serve-mcp", "retail"], {}, []),  # a folder named retail is here too
 ])
 def test_shared_state_paths_by_spelling(command: list[str], env: dict[str, str], found: list[str],
                                         tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "retail").mkdir()
     assert shared_state_paths(command, env, tmp_path) == found
 
 

@@ -417,7 +417,7 @@ def mcp_domain(
                 raise ValueError(f"state: {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not read tool(s) of MCP "
                                  f"server {spec.describe()} (reading the state must not change it; list a read tool "
                                  "in read_only)")
-        else:
+        elif not muarl_server:  # muarl's own server is graded by its muarl_state hash
             _say_once(spec.describe(), f"muarl: MCP server {spec.describe()} declares no state reader (\"state\", "
                       "docs/mcp.md#grading-by-state): rewards compare its log of successful write calls with gold's, "
                       "not its state")

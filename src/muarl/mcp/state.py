@@ -183,13 +183,19 @@ def _path_like(value: str, cwd: Path) -> bool:
     return "/" in value or os.sep in value or value.lower().endswith(_STATE_SUFFIX) or (cwd / value).exists()
 
 
+def _spelled_as_path(arg: str) -> bool:
+    """``./data``, ``/srv/data``, ``..``: a bare word (``retail``) is a name, whatever folders the cwd has."""
+    return "/" in arg or arg in (".", "..") or arg.startswith("~")
+
+
 def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str | Path | None = None) -> list[str]:
     """Where a stdio server's command or environment names a state path outside ``{episode_dir}``: every
     episode's server (and every gold replay's) would open the same file. ``["--db-path seed.db"]``, say.
 
     A heuristic, by spelling: an option or variable whose name says state (``--db-path``, ``--data-dir``,
     ``NOTES_HOME``) with a path for its value, or a bare argument that is a database file or an existing
-    folder. Anything containing ``{episode_dir}`` is per episode and never counts.
+    folder spelled as a path (``./notes``, not ``notes``: a bare word may be a name, such as a domain's).
+    Anything containing ``{episode_dir}`` is per episode and never counts.
     """
     where = Path(cwd) if cwd and EPISODE_DIR not in str(cwd) else Path.cwd()
     args, found = list(command)[1:], []
@@ -203,7 +209,8 @@ def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str 
                 arg = f"{name} {value}"
             if value and _STATE_NAME.search(name) and EPISODE_DIR not in value and _path_like(value, where):
                 found.append(arg)
-        elif EPISODE_DIR not in arg and (arg.lower().endswith(_STATE_SUFFIX) or (where / arg).is_dir()):
+        elif EPISODE_DIR not in arg and (arg.lower().endswith(_STATE_SUFFIX) or (_spelled_as_path(arg)
+                                                                            and (where / arg).is_dir())):
             found.append(arg)
         i += 1
     for key, value in env.items():
