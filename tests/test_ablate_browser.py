@@ -8,13 +8,13 @@ ablation is rerun, which recomputes its results and the page."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 import test_comparison_browser as comparison_browser
+from conftest import play_episode
 from muarl.ablation.layout import eval_name
 from muarl.ablation.run import run_ablate
 from muarl.demo import PRESETS
@@ -29,9 +29,6 @@ pytestmark = pytest.mark.slow
 def ablation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory]:
     """A smoke ablation whose method fixed one episode with the interactive user; the results rebuilt."""
     from muarl.domain import get_domain
-    from muarl.policies.expert import ExpertPolicy
-    from muarl.rollout import EpisodeConfig, run_episode
-    from muarl.users.scripted import ScriptedUser
 
     out = tmp_path_factory.mktemp("ablate") / "smoke"
     run_ablate(out, "smoke", progress=False, greedy=False)
@@ -41,8 +38,7 @@ def ablation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory
     old = trajs[1]
     domain = get_domain(smoke.domain)
     task = next(t for t in domain.tasks("test") if t.id == old.task_id)
-    fixed = asyncio.run(run_episode(domain, task, ExpertPolicy(), ScriptedUser(), seed=old.user_seed,
-                                    config=EpisodeConfig(max_turns=smoke.grpo.max_turns)))
+    fixed = play_episode(domain, task, seed=old.user_seed)  # the expert's play of the same trial
     assert fixed.reward and fixed.reward.reward == 1.0
     fixed.metadata = old.metadata
     trajs[1] = fixed
