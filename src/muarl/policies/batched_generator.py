@@ -27,101 +27,7 @@ from typing import Any
 
 import torch
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-ATTENTION = "muarl_shared_prefix"
-
-
-@dataclass
-class SharedPrefix:
-    """KV of a prompt prefix that many sequences share (the system turn: policy + tool schemas).
-
-    Rows that use it keep only their own tokens in their cache; attention reads the prefix once per step
-    for the whole batch instead of once per row ("cascade" attention). ``use`` marks the rows (of the
-    current forward pass) that sit on the prefix.
-    """
-
-    tokens: list[int]
-    kv: KV  # per layer: keys, values of shape [kv_heads, prefix_length, head_dim]
-    use: torch.Tensor | None = None
-
-
-def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                            shared_prefix: SharedPrefix | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention over [shared prefix ; each row's own cache], combined exactly with a joint softmax.
-
-    Without a shared prefix this is plain SDPA. ``query`` is [rows, heads, q, dim]; ``key`` / ``value``
-    hold each row's own tokens; ``attention_mask`` (bool, True = attend) covers those only.
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if shared_prefix is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    kp, vp = shared_prefix.kv[module.layer_idx]
-    rows, heads, q, dim = query.shape
-    kv_heads, size = kp.shape[0], key.shape[2]
-    group = heads // kv_heads
-    # grouped-query layout: [rows, kv_heads, group*q, dim] is a view of [rows, heads, q, dim], so the
-    # kv heads never need repeating
-    query = (query * (scaling if scaling is not None else dim ** -0.5)).reshape(rows, kv_heads, group * q, dim)
-
-    def kv_major(t: torch.Tensor) -> torch.Tensor:  # [rows, kv_heads, n, x] -> [kv_heads, rows*n, x]
-        return t.transpose(0, 1).reshape(kv_heads, -1, t.shape[-1])
-
-    def row_major(t: torch.Tensor) -> torch.Tensor:  # the inverse
-        return t.view(kv_heads, rows, group * q, t.shape[-1]).transpose(0, 1)
-
-    # the big part: every row and query against the prefix, one pass per kv head, so the prefix is read
-    # once for the whole batch; it yields the partial output and its log-sum-exp
-    out_pre, lse_pre = _prefix_part(kv_major(query), kp, vp)  # [kv_heads, n, dim], [kv_heads, n, 1]
-    if shared_prefix.use is not None and not bool(shared_prefix.use.all()):
-        lse_pre.view(kv_heads, rows, group * q).masked_fill_(~shared_prefix.use.view(1, rows, 1), float("-inf"))
-    # the small part: each row against its own tokens
-    own = torch.matmul(query, key.transpose(-1, -2)).view(rows, kv_heads, group, q, size)
-    if attention_mask is not None:
-        own = own.masked_fill(~attention_mask.bool().view(rows, 1, 1, q, size), float("-inf"))
-    elif q > 1:  # causal among the new tokens, which are the last q of this row's own tokens
-        own = own.masked_fill(~torch.ones(q, size, dtype=torch.bool, device=query.device).tril(size - q),
-                              float("-inf"))
-    own = own.view(rows, kv_heads, group * q, size)
-    # one softmax over both parts
-    lse_pre = row_major(lse_pre)
-    top = torch.maximum(lse_pre, own.amax(-1, keepdim=True))
-    weight_pre = (lse_pre - top).exp()
-    own = (own - top).exp()
-    total = weight_pre + own.sum(-1, keepdim=True)
-    out = (weight_pre * row_major(out_pre) + torch.matmul(own, value)) / total
-    return out.reshape(rows, heads, q, dim).transpose(1, 2).contiguous(), None
-
-
-def _prefix_part(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention of [heads, n, dim] queries over a [heads, length, dim] prefix: (output, logsumexp).
-
-    Uses PyTorch's fused CPU flash-attention kernel, which returns the log-sum-exp the combination needs;
-    falls back to plain matmuls where that kernel is unavailable (other devices, other torch versions).
-    """
-    if query.device.type == "cpu":
-        try:
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0), 0.0, False, scale=1.0)
-            return out[0], lse[0].unsqueeze(-1)
-        except (RuntimeError, AttributeError):
-            pass
-    scores = torch.matmul(query, kp.transpose(-1, -2))
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    return torch.matmul((scores - lse).exp(), vp), lse
-
-
-def _enable_shared_prefix(model: Any) -> None:
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    AttentionInterface.register(ATTENTION, shared_prefix_attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-    model.set_attn_implementation(ATTENTION)
+from muarl.attention import KV, SHARED_PREFIX, SharedPrefix, use_kernel
 
 
 def _buffered_cache(model: Any, kv: KV | None, room: int, length: int | None = None) -> Any:
@@ -251,7 +157,7 @@ class BatchedGenerator:
         #: held around each pass of the model (admission prefill, decode step): asynchronous GRPO swaps the
         #: weights under it, between two passes (muarl.train.async_rollouts)
         self.lock: Any = contextlib.nullcontext()
-        _enable_shared_prefix(model)
+        use_kernel(model, SHARED_PREFIX)
 
     @property
     def batch(self) -> KV | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from muarl.attention import SEGMENTS, use_kernel
 from muarl.train.data import Example
 
 
@@ -95,54 +96,9 @@ def collate(examples: list[Example], rows: list[list[int]], pad_id: int) -> Batc
     return Batch(ids, positions, segment, loss)
 
 
-#: the attention implementation for packed rows (see :func:`segment_attention`)
-SEGMENTS = "muarl_segments"
-
-
-def segment_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      segments: list[list[tuple[int, int]]] | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention inside each conversation of a packed row, one fused SDPA call per conversation.
-
-    Exact like the block-diagonal mask, but never builds the [length, length] mask: SDPA takes its fused
-    causal kernel, so memory is linear in the row and the cost is the sum of squared conversation
-    lengths, not the squared row length (the "varlen" idea of flash-attention, written with stock
-    PyTorch so it runs on the CPU too). ``segments`` holds each row's (start, end) spans. Without it
-    (generation, unpacked rows) this is the attention the model would otherwise use.
-    """
-    if segments is None:
-        if kwargs.get("shared_prefix") is not None:  # the rollout engine's cascade attention
-            from muarl.policies.batched_generator import shared_prefix_attention
-
-            return shared_prefix_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: one copy of the kv heads per query head
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    p = dropout if module.training else 0.0
-    rows = []
-    for b, spans in enumerate(segments):
-        parts = [torch.nn.functional.scaled_dot_product_attention(
-            query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], dropout_p=p, is_causal=True,
-            scale=scaling) for s, e in spans]
-        tail = query.shape[2] - (spans[-1][1] if spans else 0)
-        if tail:  # padding after the row's last conversation: its output is never used
-            parts.append(query.new_zeros(1, query.shape[1], tail, value.shape[-1]))
-        rows.append(torch.cat(parts, dim=2))
-    return torch.cat(rows).transpose(1, 2).contiguous(), None
-
-
 def _use_segment_attention(lm: Any) -> None:
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
     if lm.config._attn_implementation != SEGMENTS:
-        AttentionInterface.register(SEGMENTS, segment_attention)
-        AttentionMaskInterface.register(SEGMENTS, sdpa_mask)
-        lm.set_attn_implementation(SEGMENTS)
+        use_kernel(lm, SEGMENTS)
 
 
 def spans(batch: Batch) -> list[list[tuple[int, int]]]:
@@ -160,7 +116,8 @@ def token_loss(model: torch.nn.Module, batch: Batch, varlen: bool = True) -> tup
 
     A target is a token with loss mask 1; its prediction comes from the previous position, which always
     belongs to the same conversation (a conversation's first token is never a target). Packed rows use
-    :func:`segment_attention` (``varlen=False``: the dense block-diagonal mask instead, for comparison).
+    :func:`~muarl.attention.segment_attention` (``varlen=False``: the dense block-diagonal mask instead,
+    for comparison).
     """
     from muarl.train.sharding import decoder
     from muarl.train.weights import causal_lm

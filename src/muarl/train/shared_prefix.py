@@ -12,7 +12,9 @@ Grouper (arXiv 2506.05433), applied to the prefix the whole batch shares.
 
 The prefix is the longest common token prefix of the batch, cut one token before the first scored
 position of any sequence (a scored token's prediction comes from the position before it, which must be
-in the remainder). Below :data:`MIN_PREFIX` tokens the plain path is as good and is used.
+in the remainder). Below :data:`MIN_PREFIX` tokens the plain path is as good and is used. The attention
+kernel is :func:`muarl.attention.prefix_attention` (beside the rollout engine's and packing's, and why
+they differ).
 """
 
 from __future__ import annotations
@@ -24,132 +26,17 @@ from typing import Any
 
 import torch
 
-#: the attention implementation that attends to a recorded prefix (plain SDPA when none is given)
-ATTENTION = "muarl_prefix_scoring"
+from muarl.attention import KV, PREFIX_SCORING, use_kernel
+
 #: shorter common prefixes are not worth a separate forward pass
 MIN_PREFIX = 16
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     prefix_kv: KV | None = None, record_kv: KV | None = None,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention that can record this layer's keys and values, or prepend a recorded prefix's.
-
-    ``record_kv``: a list this layer appends its (keys, values) to (the prefix pass). ``prefix_kv``: per
-    layer, [1, kv_heads, prefix, dim] keys and values every row attends to in full before its own
-    tokens, which follow the prefix (causal attention aligned to the bottom right). Rows are
-    right-padded, so no padding mask is needed: a real token never sees the padding after it. Each row
-    attends to [prefix ; own] in one fused call (the rollout engine's cascade attention, which reads the
-    prefix once for all rows, is faster for a few new tokens per row but slower for whole conversations,
-    and its log-sum-exp has no gradient); the prefix's gradient is the sum over rows.
-    """
-    if record_kv is not None:
-        record_kv.append((key, value))
-    if prefix_kv is not None:
-        kp, vp = prefix_kv[module.layer_idx]
-        if query.device.type == "cpu" and dropout == 0.0:
-            out = _TwoPartAttention.apply(query, kp, vp, key, value,
-                                          scaling if scaling is not None else query.shape[-1] ** -0.5)
-            return out.transpose(1, 2).contiguous(), None
-        rows = query.shape[0]
-        key = torch.cat([kp.expand(rows, -1, -1, -1), key], dim=2)
-        value = torch.cat([vp.expand(rows, -1, -1, -1), value], dim=2)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: one copy of the kv heads per query head
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    q, k = query.shape[2], key.shape[2]
-    p = dropout if module.training else 0.0
-    if k == q:
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=p, is_causal=True,
-                                                               scale=scaling)
-    else:  # [prefix ; own] with causal attention aligned to the bottom right, which fused kernels take
-        from torch.nn.attention.bias import causal_lower_right
-
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal_lower_right(q, k),
-                                                               dropout_p=p, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
-_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
-
-
-class _TwoPartAttention(torch.autograd.Function):
-    """Attention of each row's queries over [shared prefix ; the row's own keys] as two fused CPU calls.
-
-    Part one: every row's queries against the prefix, no mask, with the rows folded into the query length
-    so the prefix is read once for the whole batch. Part two: each row causally against its own keys.
-    The two outputs are combined with their log-sum-exps into the joint softmax. The backward is flash
-    attention's backward run on each part with the *joint* output and log-sum-exp, which is exactly the
-    gradient of the joint softmax restricted to that part (the same identity ring attention uses); the
-    query's gradient is the sum of the two. Shapes: query [rows, heads, q, dim]; prefix keys and values
-    [1, kv_heads, n, dim]; own keys and values [rows, kv_heads, q, dim].
-    """
-
-    @staticmethod
-    def _fold(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
-        """[rows, heads, q, dim] -> [1, kv_heads, rows * group * q, dim]: rows and query heads as length."""
-        rows, heads, q, dim = query.shape
-        group = heads // kv_heads
-        return query.reshape(rows, kv_heads, group * q, dim).transpose(0, 1).reshape(1, kv_heads, -1, dim)
-
-    @staticmethod
-    def _unfold(t: torch.Tensor, rows: int, heads: int, q: int) -> torch.Tensor:
-        kv_heads = t.shape[1]
-        return t.reshape(kv_heads, rows, (heads // kv_heads) * q, -1).transpose(0, 1).reshape(rows, heads, q, -1)
-
-    @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor, scale: float) -> torch.Tensor:
-        rows, heads, q, _ = query.shape
-        kv_heads = kp.shape[1]
-        flash = getattr(torch.ops.aten, _FLASH)
-        folded = _TwoPartAttention._fold(query, kv_heads).contiguous()
-        out_pre, lse_pre = flash(folded, kp, vp, 0.0, False, scale=scale)
-        out_pre = _TwoPartAttention._unfold(out_pre, rows, heads, q)
-        lse_pre = _TwoPartAttention._unfold(lse_pre.unsqueeze(-1), rows, heads, q)
-        groups = heads // kv_heads
-        own_k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-        own_v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-        out_own, lse_own = flash(query, own_k, own_v, 0.0, True, scale=scale)
-        lse = torch.logaddexp(lse_pre, lse_own.unsqueeze(-1))
-        out = (lse_pre - lse).exp() * out_pre + (lse_own.unsqueeze(-1) - lse).exp() * out_own
-        ctx.save_for_backward(query, kp, vp, own_k, own_v, out, lse)
-        ctx.scale, ctx.groups = scale, groups
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        query, kp, vp, own_k, own_v, out, lse = ctx.saved_tensors
-        rows, heads, q, _ = query.shape
-        kv_heads = kp.shape[1]
-        backward = getattr(torch.ops.aten, _FLASH + "_backward")
-        fold = _TwoPartAttention._fold
-        grad = grad.contiguous()
-        gq_pre, gkp, gvp = backward(fold(grad, kv_heads).contiguous(), fold(query, kv_heads).contiguous(), kp, vp,
-                                    fold(out, kv_heads).contiguous(), fold(lse, kv_heads).squeeze(-1).contiguous(),
-                                    0.0, False, scale=ctx.scale)
-        gq_own, gk, gv = backward(grad, query, own_k, own_v, out, lse.squeeze(-1).contiguous(), 0.0, True,
-                                  scale=ctx.scale)
-        gq = _TwoPartAttention._unfold(gq_pre, rows, heads, q) + gq_own
-        if ctx.groups > 1:  # the repeated kv heads' gradients add up
-            gk = gk.view(rows, kv_heads, ctx.groups, q, -1).sum(2)
-            gv = gv.view(rows, kv_heads, ctx.groups, q, -1).sum(2)
-        return gq, gkp, gvp, gk, gv, None
 
 
 @contextmanager
 def prefix_scoring(lm: Any) -> Iterator[None]:
-    """Run ``lm`` with :func:`prefix_attention` inside the block, restoring its own attention after."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    AttentionInterface.register(ATTENTION, prefix_attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-    before = lm.config._attn_implementation
-    lm.set_attn_implementation(ATTENTION)
+    """Run ``lm`` with :func:`~muarl.attention.prefix_attention` inside the block, restoring its own
+    attention after."""
+    before = use_kernel(lm, PREFIX_SCORING)
     try:
         yield
     finally:
