@@ -22,7 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from muarl.domain import get_domain
-    from muarl.factory import make_policy
     from muarl.human import run_chat
 
     options.check_positive(args, "max_turns", "max_new_tokens")
@@ -34,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
         if not tasks:
             raise ValueError(f"domain {domain.name} has no {args.split} tasks")
         task = tasks[0]
-    policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                         seed=args.seed)
+    policy = options.make_policy(args)
     run_chat(domain, task, policy, config=options.episode_config(args), save=args.save)
     return 0

@@ -16,10 +16,7 @@ HELP = "evaluate a policy against a user: pass^1..pass^k, accuracy, TCR, ... (re
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from muarl.evaluate import SIM_FAULT_MODES
 
-    options.domain(p)
-    options.split(p)
-    options.policy(p)
-    options.user(p)
+    options.matchup(p)
     p.add_argument("--k", type=int, default=4, help="trials per task, each with its own user seed (default 4); pass^1..pass^k")
     p.add_argument("--out", required=True,
                    help="run directory: results.json, results.md, trajectories.jsonl; rerun it to resume")
@@ -38,25 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from muarl.domain import get_domain
     from muarl.evaluate import REPORT, RESULTS, TRAJECTORIES, evaluate
-    from muarl.factory import make_policy, make_user
 
     options.check_positive(args, "k", "limit", "concurrency", "max_turns", "max_new_tokens")
-    domain = get_domain(args.domain)
-    tasks = domain.tasks(args.split)
-    if args.tasks:
-        by_id = {t.id: t for t in domain.tasks()}
-        missing = [t for t in args.tasks if t not in by_id]
-        if missing:
-            raise ValueError(f"domain {domain.name} has no task(s) {', '.join(missing)} "
-                             f"(e.g. {', '.join(t.id for t in tasks[:3])})")
-        tasks = [by_id[t] for t in dict.fromkeys(args.tasks)]
-    if args.limit:
-        tasks = tasks[: args.limit]
-    policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                         seed=args.seed)
-    user = make_user(args.user, **options.user_limits(args))
+    domain, tasks, policy, user = options.matchup_of(args)
     # the specs as given (module:attr for a plug-in), so view, compare and a resume find them again
     meta = {"domain": args.domain, "policy": args.policy, "user": args.user, "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "split": "+".join(sorted({t.split for t in tasks}))}

@@ -39,6 +39,14 @@ def user(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user", default="scripted", help=f"{USER_FORMS} (default scripted)")
 
 
+def matchup(p: argparse.ArgumentParser) -> None:
+    """Which episodes a command plays (eval, rollout): ``--domain``, ``--split``, ``--policy``, ``--user``."""
+    domain(p)
+    split(p)
+    policy(p)
+    user(p)
+
+
 def concurrency(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=64, help="episodes in flight at once (default 64)")
 
@@ -117,6 +125,41 @@ def episode_config(args: argparse.Namespace) -> Any:
 
     return EpisodeConfig(max_turns=args.max_turns, end_on_malformed=args.end_on_malformed,
                          require_outputs=not args.no_required_outputs, **limit_kwargs(args))
+
+
+def chosen_tasks(args: argparse.Namespace, domain: Any) -> list[Any]:
+    """The tasks of ``--split``, or of ``--tasks ID ...`` where the command has it (any split, in the order
+    given), cut to the first ``--limit``."""
+    tasks = domain.tasks(args.split)
+    wanted = getattr(args, "tasks", None)
+    if wanted:
+        by_id = {t.id: t for t in domain.tasks()}
+        missing = [t for t in wanted if t not in by_id]
+        if missing:
+            raise ValueError(f"domain {domain.name} has no task(s) {', '.join(missing)} "
+                             f"(e.g. {', '.join(t.id for t in tasks[:3])})")
+        tasks = [by_id[t] for t in dict.fromkeys(wanted)]
+    if args.limit:
+        tasks = tasks[: args.limit]
+    return tasks
+
+
+def matchup_of(args: argparse.Namespace) -> tuple[Any, list[Any], Any, Any]:
+    """The domain, tasks (:func:`chosen_tasks`), policy and user the :func:`matchup` options name."""
+    from muarl.domain import get_domain
+    from muarl.factory import make_user
+
+    domain = get_domain(args.domain)
+    tasks = chosen_tasks(args, domain)
+    return domain, tasks, make_policy(args), make_user(args.user, **user_limits(args))
+
+
+def make_policy(args: argparse.Namespace) -> Any:
+    """The policy of ``--policy`` with the :func:`episode` options' sampling (eval, rollout, chat)."""
+    from muarl.factory import make_policy
+
+    return make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                       seed=args.seed)
 
 
 def check_positive(args: argparse.Namespace, *names: str) -> None:

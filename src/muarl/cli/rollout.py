@@ -13,10 +13,7 @@ HELP = "run episodes of a policy against a simulated user and save them"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.domain(p)
-    options.split(p)
-    options.policy(p)
-    options.user(p)
+    options.matchup(p)
     p.add_argument("--n", type=int, default=1, help="episodes per task (a GRPO group)")
     p.add_argument("--out", required=True, help="run directory; trajectories.jsonl is appended as episodes finish")
     p.add_argument("--limit", type=int, help="only the first N tasks of the split")
@@ -34,19 +31,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from muarl.domain import get_domain
-    from muarl.factory import make_policy, make_user
     from muarl.faults import SIDES, require_unfaulted
     from muarl.provenance import record
     from muarl.rollout import RolloutEngine
 
     options.check_positive(args, "n", "limit", "concurrency", "max_turns", "max_new_tokens")
-    domain = get_domain(args.domain)
-    tasks = domain.tasks(args.split)
-    if args.limit:
-        tasks = tasks[: args.limit]
-    policy = make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    user = make_user(args.user, **options.user_limits(args))
+    domain, tasks, policy, user = options.matchup_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine = RolloutEngine(domain, policy, user, options.episode_config(args), group_size=args.n,

@@ -36,14 +36,14 @@ from muarl.provenance import domain_record
 from muarl.rollout import RolloutEngine
 from muarl.train import make_optimizer
 from muarl.train.async_rollouts import RolloutStream, take_step
-from muarl.train.checkpoint import load_trainer_state, save_checkpoint
+from muarl.train.checkpoint import save_checkpoint
 from muarl.train.distributed import setup
 from muarl.train.groups import collect_groups, rollout_metrics, step_seed, train_reward, write_rollouts
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.run import open_run
 from muarl.train.samplers import CopySampler, check_rollout_engine, make_sampler
-from muarl.train.sharding import SHARDS, load_shards, save_final_sharded, save_shards, shard_for_training
+from muarl.train.sharding import SHARDS, resume_optimizer, save_final_sharded, save_shards, shard_for_training
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
 from muarl.types import Task, Trajectory
@@ -83,12 +83,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     optimizer = make_optimizer(trainable_parameters(model), config)
     history: list[dict[str, Any]] = []
     if run.resume_from is not None:  # last: restores the random generators as they were at the save
-        state = load_trainer_state(run.resume_from, dist, any_world=config.fsdp)
-        if config.fsdp:
-            load_shards(model, optimizer, run.resume_from / SHARDS)
-        else:
-            optimizer.load_state_dict(state["optimizer"])
-        history = state["metrics"]
+        history = resume_optimizer(run.resume_from, dist, model, optimizer, config.fsdp)["metrics"]
     trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="grpo")
     tasks = domain.tasks(config.split)
     order = random.Random(config.seed).sample(tasks, len(tasks))

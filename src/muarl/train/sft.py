@@ -21,7 +21,7 @@ import torch
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record, untrained_turns
 from muarl.train import RunSettings, autocast, from_preset, make_optimizer
-from muarl.train.checkpoint import load_trainer_state, save_checkpoint
+from muarl.train.checkpoint import save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
@@ -32,8 +32,8 @@ from muarl.train.sharding import (
     grad_norm,
     idle_passes,
     is_sharded,
-    load_shards,
     pass_count,
+    resume_optimizer,
     save_final_sharded,
     save_shards,
     shard_for_training,
@@ -201,11 +201,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine(s, total_steps, config.warmup_steps))
     history: list[dict[str, Any]] = []
     if run.resume_from is not None:  # last: restores the random generators as they were at the save
-        state = load_trainer_state(run.resume_from, dist, any_world=config.fsdp)
-        if config.fsdp:
-            load_shards(model, optimizer, run.resume_from / SHARDS)
-        else:
-            optimizer.load_state_dict(state["optimizer"])
+        state = resume_optimizer(run.resume_from, dist, model, optimizer, config.fsdp)
         schedule.load_state_dict(state["scheduler"])
         history = state["metrics"]
     trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="sft")

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from muarl.train.checkpoint import load_trainer_state
 from muarl.train.distributed import Dist
 
 #: the directory of a checkpoint that holds the ranks' shards (torch.distributed.checkpoint's format)
@@ -177,6 +178,18 @@ def load_shards(model: Any, optimizer: Any, directory: Path) -> None:
     dcp.load(state, checkpoint_id=str(directory))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=_options())
+
+
+def resume_optimizer(resume_from: Path, dist: Dist, model: Any, optimizer: Any, sharded: bool) -> dict[str, Any]:
+    """The trainer state saved in ``resume_from``, the optimizer's restored from it (from its shards where the
+    run is sharded: then any world size may resume it). Call it last: it also restores the random
+    generators as they were at the save (sft and grpo resume alike)."""
+    state = load_trainer_state(resume_from, dist, any_world=sharded)
+    if sharded:
+        load_shards(model, optimizer, resume_from / SHARDS)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    return state
 
 
 def mixed_precision(config: Any, device: torch.device) -> bool:
