@@ -13,12 +13,13 @@ its presence vouches for the files it lists, so it must not outlive them in a po
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 
 def temporary_name(path: Path) -> Path:
@@ -93,3 +94,12 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def sha256_of(f: BinaryIO) -> str:
+    """The SHA-256 of an open binary file from where it stands, read in 1 MiB chunks (``hashlib.file_digest``
+    does this from Python 3.11 on; muarl supports 3.10)."""
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()

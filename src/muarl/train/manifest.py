@@ -15,14 +15,13 @@ nothing to compare with; they are accepted when every file that can be parsed pa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muarl.files import atomic_write
+from muarl.files import atomic_write, sha256_of
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -50,7 +49,7 @@ def write_manifest(directory: Path) -> None:
             continue
         with open(path, "rb") as f:
             os.fsync(f.fileno())  # on disk before the manifest vouches for it
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+            digest = sha256_of(f)
         files[rel] = {"size": path.stat().st_size, "sha256": digest}
     atomic_write(directory / MANIFEST, json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n", durable=True)
 
@@ -78,7 +77,7 @@ def check_checkpoint(directory: Path) -> Verdict:
             return Verdict(f"{rel} is {actual} bytes, the manifest says {size} ({kind})")
     for rel, _, sha in entries:
         with open(directory / rel, "rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() != sha:
+            if sha256_of(f) != sha:
                 return Verdict(f"{rel} does not match its SHA-256 in the manifest (bytes changed since the save)")
     return Verdict()
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 import muarl
+from muarl.files import sha256_of
 from muarl.provenance import flatten, muarl_commit, package_version
 from muarl.train.checkpoint import checkpoints_dir, choose_resume, remove_partial, set_aside
 from muarl.train.distributed import Dist
@@ -213,7 +214,7 @@ def file_digest(path: Path) -> str:
     size = path.stat().st_size
     with open(path, "rb") as f:
         if size <= WHOLE_DIGEST_BYTES:
-            return _sha256(f)
+            return sha256_of(f)
         block, blocks = 1 << 20, 64
         h = hashlib.sha256(str(size).encode())
         for i in range(blocks):
@@ -229,19 +230,10 @@ def data_digests(paths: list[str]) -> dict[str, str]:
     for path in paths:
         try:
             with open(path, "rb") as f:
-                digests[str(path)] = _sha256(f)
+                digests[str(path)] = sha256_of(f)
         except OSError:
             digests[str(path)] = "missing"
     return digests
-
-
-def _sha256(f: Any) -> str:
-    """The sha256 of an open binary file, read in 1 MiB chunks (``hashlib.file_digest`` needs Python 3.11;
-    muarl supports 3.10)."""
-    h = hashlib.sha256()
-    while chunk := f.read(1 << 20):
-        h.update(chunk)
-    return h.hexdigest()
 
 
 def _short(value: Any) -> str:
