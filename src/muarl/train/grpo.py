@@ -36,16 +36,15 @@ from muarl.provenance import domain_record
 from muarl.rollout import RolloutEngine
 from muarl.train import make_optimizer
 from muarl.train.async_rollouts import RolloutStream, take_step
-from muarl.train.checkpoint import save_checkpoint
 from muarl.train.distributed import setup
 from muarl.train.groups import collect_groups, rollout_metrics, step_seed, train_reward, write_rollouts
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.run import open_run
 from muarl.train.samplers import CopySampler, check_rollout_engine, make_sampler
-from muarl.train.sharding import SHARDS, resume_optimizer, save_final_sharded, save_shards, shard_for_training
+from muarl.train.sharding import resume_optimizer, save_result, save_step, shard_for_training
 from muarl.train.trackers import Trackers, check_report_to
-from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
+from muarl.train.weights import load_trainable, trainable_parameters
 from muarl.types import Task, Trajectory
 
 
@@ -157,22 +156,12 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                               f"loss {record.get('loss', 0.0):+.4f} kl {record.get('kl', 0.0):.4f} "
                               f"trained {len(batch)} in {rollout_s + ref_s + update_s:.1f} s")
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
-                if config.fsdp:  # the weights and optimizer state are sharded: every rank writes its shards
-                    save_checkpoint(run.out, step + 1, dist, lambda d: None, {"step": step + 1, "metrics": history},
-                                    keep=config.keep_checkpoints,
-                                    write_shards=lambda d: save_shards(model, optimizer, d / SHARDS))
-                else:
-                    save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
-                                    {"step": step + 1, "optimizer": optimizer.state_dict(), "metrics": history},
-                                    keep=config.keep_checkpoints)
+                save_step(run.out, step + 1, dist, model, optimizer, tokenizer, {"step": step + 1, "metrics": history},
+                          config.fsdp, config.keep_checkpoints)
     finally:
         if stream is not None:
             stream.close()
         trackers.close()
         sampler.close()
-    if config.fsdp:
-        checkpoint, model = save_final_sharded(run.out, model, tokenizer, config, dist)
-    else:
-        checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
-    dist.barrier()
+    checkpoint, model = save_result(run.out, model, tokenizer, config, dist)
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}

@@ -21,25 +21,23 @@ import torch
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record, untrained_turns
 from muarl.train import RunSettings, autocast, from_preset, make_optimizer
-from muarl.train.checkpoint import save_checkpoint
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.train.run import data_digests, open_run
 from muarl.train.sharding import (
-    SHARDS,
     grad_norm,
     idle_passes,
     is_sharded,
     pass_count,
     resume_optimizer,
-    save_final_sharded,
-    save_shards,
+    save_result,
+    save_step,
     shard_for_training,
 )
 from muarl.train.trackers import Trackers, check_report_to
-from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights
+from muarl.train.weights import load_trainable, trainable_parameters
 from muarl.types import ToolSpec
 
 
@@ -235,19 +233,11 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 advance(record)
                 if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == total_steps:
                     state = {"step": step + 1, "scheduler": schedule.state_dict(), "metrics": history}
-                    if config.fsdp:  # the optimizer state is sharded: every rank writes its shards
-                        save_checkpoint(run.out, step + 1, dist, lambda d: None, state, keep=config.keep_checkpoints,
-                                        write_shards=lambda d: save_shards(model, optimizer, d / SHARDS))
-                    else:
-                        save_checkpoint(run.out, step + 1, dist, lambda d: write_weights(model, tokenizer, d),
-                                        {**state, "optimizer": optimizer.state_dict()}, keep=config.keep_checkpoints)
+                    save_step(run.out, step + 1, dist, model, optimizer, tokenizer, state, config.fsdp,
+                              config.keep_checkpoints)
     finally:
         trackers.close()
-    if config.fsdp:
-        checkpoint, model = save_final_sharded(run.out, model, tokenizer, config, dist)
-    else:
-        checkpoint = save_final(run.out, model, tokenizer, config.merge_lora) if dist.main else run.out / "model"
-    dist.barrier()
+    checkpoint, model = save_result(run.out, model, tokenizer, config, dist)
     return {"steps": len(history), "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
             "checkpoint": str(checkpoint), "metrics": history, "model": model}
 

@@ -24,6 +24,8 @@ Three things FSDP2 asks of the code around it, and where muarl answers them:
 Checkpoints go through ``torch.distributed.checkpoint`` (:func:`save_shards` / :func:`load_shards`): each
 rank writes its own shard file, and the state dict is keyed by parameter name, so a checkpoint written by
 N ranks loads on M. ``OUT/model`` is gathered into an ordinary checkpoint (:func:`gather_into`).
+:func:`save_step`, :func:`resume_optimizer` and :func:`save_result` are where sft and grpo save, resume and
+finish a run, sharded or not, so the two trainers cannot drift apart on it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 
-from muarl.train.checkpoint import load_trainer_state
+from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist
 
 #: the directory of a checkpoint that holds the ranks' shards (torch.distributed.checkpoint's format)
@@ -190,6 +192,34 @@ def resume_optimizer(resume_from: Path, dist: Dist, model: Any, optimizer: Any, 
     else:
         optimizer.load_state_dict(state["optimizer"])
     return state
+
+
+def save_step(out: Path, step: int, dist: Dist, model: Any, optimizer: Any, tokenizer: Any, state: dict[str, Any],
+              sharded: bool, keep: int) -> None:
+    """Checkpoint ``step`` of an sft or grpo run: where the run is sharded every rank writes its shards of the
+    weights and optimizer state; otherwise the weights and ``state`` with the optimizer's (what
+    :func:`resume_optimizer` reads back)."""
+    from muarl.train.weights import write_weights
+
+    if sharded:
+        save_checkpoint(out, step, dist, lambda d: None, state, keep=keep,
+                        write_shards=lambda d: save_shards(model, optimizer, d / SHARDS))
+    else:
+        save_checkpoint(out, step, dist, lambda d: write_weights(model, tokenizer, d),
+                        {**state, "optimizer": optimizer.state_dict()}, keep=keep)
+
+
+def save_result(out: Path, model: Any, tokenizer: Any, config: Any, dist: Dist) -> tuple[Path, Any]:
+    """``out/model`` of a finished sft or grpo run (gathered from the shards where it is sharded), once every
+    rank is done: (its path, the model rank 0 wrote or this rank's)."""
+    from muarl.train.weights import save_final
+
+    if config.fsdp:
+        checkpoint, model = save_final_sharded(out, model, tokenizer, config, dist)
+    else:
+        checkpoint = save_final(out, model, tokenizer, config.merge_lora) if dist.main else out / "model"
+    dist.barrier()
+    return checkpoint, model
 
 
 def mixed_precision(config: Any, device: torch.device) -> bool:
