@@ -201,3 +201,63 @@ def test_episodes_in_flight_keep_a_system_turn_computed_by_the_synced_weights():
     assert prefix is not None and prefix.tokens == tokens
     for (keys, values), layer in zip(prefix.kv, fresh, strict=True):
         assert torch.allclose(keys, layer.keys[0], atol=1e-5) and torch.allclose(values, layer.values[0], atol=1e-5)
+
+
+def test_oldest_first_gives_a_free_place_to_the_oldest_group_waiting():
+    """The engine's batch (here 1 place) goes to the waiting agent turn of the oldest group (lowest
+    position), not to the first that came; a waiter cancelled in line takes no place. First come first
+    served (what the engine's own queue does) fails this."""
+    import asyncio
+
+    from muarl.train.async_rollouts import OldestFirst
+
+    async def play() -> list[int]:
+        gate, served = OldestFirst(1), []
+
+        async def turn(priority: int) -> None:
+            await gate.acquire(priority)
+            served.append(priority)
+            await asyncio.sleep(0.01)
+            gate.release()
+
+        await gate.acquire(9)  # the place is taken: everyone below waits
+        waiters = {p: asyncio.create_task(turn(p)) for p in (5, 3, 7, 1)}
+        await asyncio.sleep(0.01)
+        waiters[1].cancel()  # in line, then gone
+        await asyncio.sleep(0)
+        gate.release()
+        await asyncio.gather(*waiters.values(), return_exceptions=True)
+        assert gate.busy == 0 and not gate.waiting
+        return served
+
+    assert asyncio.run(play()) == [3, 5, 7]
+
+
+def test_the_stream_starts_no_group_the_run_will_not_take():
+    """On the last step of a 3-step run (version 2), with 4 groups consumed and 2 more to take, the stream
+    may start 6 groups in all though its staleness bound allows 8: the groups a last step would start for a
+    next one are never played. A group the trainer drops is replaced (one more may start)."""
+    from types import SimpleNamespace
+
+    from muarl.domain import get_domain
+    from muarl.models import load
+    from muarl.train.async_rollouts import Finished, RolloutStream, take_step
+    from muarl.train.samplers import HFSampler
+    from muarl.types import Trajectory
+    from muarl.users.scripted import ScriptedUser
+
+    model, tokenizer = load("tiny")
+    stream = RolloutStream(HFSampler(model, tokenizer, 1.0, 8), get_domain("retail-lite"), ScriptedUser(), None,
+                           group_size=1, order=[], cursor=0, per_step=2, staleness=1, group_seed=lambda p: p,
+                           policy_seed=0)  # not started: the groups are set by hand
+    stream.version, stream.budget, stream.consumed, stream.started = 2, 8, 4, 6
+    assert stream.gate is not None and stream.gate.width == stream.policy.engine.max_batch
+    group = [Trajectory(task_id="t", domain="d")]
+    stream.finished = [Finished(position, version, group) for position, version in ((4, 0), (5, 2), (6, 2))]
+    config = SimpleNamespace(steps=3, tasks_per_step=2, group_size=1, max_staleness=1, dynamic_sampling=False,
+                             max_rollout_batches=1)
+    groups, _, _, cursor, metrics = take_step(stream, 4, config, lambda t: 0.0)
+    assert len(groups) == 2 and metrics["dropped_groups"] == 1 and cursor == 7
+    assert stream.end == 7 and stream.started == 6 and stream.room()  # the dropped group's replacement
+    stream.started = 7
+    assert not stream.room() and stream.started < stream.budget  # the bound would allow more: the run ends

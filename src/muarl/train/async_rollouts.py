@@ -13,7 +13,10 @@ hands them to the trainer as they finish (muarl's engine samples from a
 - the stream starts a group only while fewer than (updates so far + N + 1) steps' worth were started
   (AReaL's bound), so groups that finish in order are never too stale to use; a group the trainer drops
   or discards (dynamic sampling) is replaced; with N = 0 ``train_grpo`` does not use the stream at all
-  (today's synchronous step);
+  (today's synchronous step); nor does it start groups that no remaining step will take;
+- with muarl's engine, up to twice its batch of episodes in flight (N = 1), the batch's places go to the
+  oldest group's turns first (:class:`OldestFirst`): the groups the trainer needs next finish as soon as
+  in a synchronous step, and the next step's use the places those leave while they wait for users;
 - after each update the trainer pushes its weights into the sampler (:meth:`RolloutStream.sync`),
   between two forward passes of muarl's engine (a lock it takes per pass) or two requests of a vLLM
   engine (in process: it drains its batch first; a server: paused, reloaded, resumed): episodes in
@@ -31,13 +34,16 @@ episode meets depends on timing.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rollout import RolloutEngine
-from muarl.types import Task, Trajectory
+from muarl.types import Message, Task, Trajectory
 
 
 @dataclass
@@ -61,13 +67,88 @@ class Taken:
     staleness: list[int] = field(default_factory=list)  # per kept group: trainer version - group version
 
 
+class OldestFirst:
+    """At most ``width`` agent turns generating at once (muarl's engine: its decode batch), the next free
+    place going to the waiting turn of the oldest group (lowest position; first come among equals).
+
+    The stream has up to (N + 1) steps' worth of episodes in flight, more than the engine's batch; without
+    this, the engine admits its queue first come first served, so every episode in flight advances at the
+    same slow pace and the step's groups finish no sooner than the next step's. Oldest first, the groups the
+    trainer needs next play as in a synchronous step, and younger ones use the batch's places that older
+    episodes leave while they wait for their user or a tool."""
+
+    def __init__(self, width: int):
+        self.width, self.busy = width, 0
+        self.waiting: list[tuple[int, int, asyncio.Future]] = []  # a heap of (priority, arrival, future)
+        self.arrivals = itertools.count()
+
+    async def acquire(self, priority: int) -> None:
+        if self.busy < self.width and not self.waiting:
+            self.busy += 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.waiting, (priority, next(self.arrivals), future))
+        try:
+            await future  # the place is handed over by release(): ``busy`` already counts it
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # handed a place, then cancelled: give it on
+            else:
+                self.waiting = [w for w in self.waiting if w[2] is not future]
+                heapq.heapify(self.waiting)
+            raise
+
+    def release(self) -> None:
+        while self.waiting:
+            future = heapq.heappop(self.waiting)[2]
+            if not future.done():
+                future.set_result(None)
+                return
+        self.busy -= 1
+
+
+class _Prioritized(Policy):
+    """``policy`` with each agent turn of its sessions taking a place of ``gate`` at ``priority``."""
+
+    def __init__(self, policy: Policy, gate: OldestFirst, priority: int):
+        self.policy, self.gate, self.priority = policy, gate, priority
+        self.name = policy.name
+
+    def session(self, domain: Any, task: Task, seed: int | None = None) -> PolicySession:
+        return _PrioritizedSession(self.policy.session(domain, task, seed), self.gate, self.priority)
+
+    def provenance(self) -> dict[str, Any]:
+        return self.policy.provenance()
+
+
+class _PrioritizedSession(PolicySession):
+    def __init__(self, inner: PolicySession, gate: OldestFirst, priority: int):
+        self.inner, self.gate, self.priority = inner, gate, priority
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        await self.gate.acquire(self.priority)
+        try:
+            return await self.inner.next(new_messages)
+        finally:
+            self.gate.release()
+
+    def close(self) -> dict[str, Any]:
+        return self.inner.close()
+
+
 class RolloutStream:
     """Groups played in a background thread against ``sampler``'s weights, ``order[cursor:]`` in order.
 
     ``group_seed(position)`` seeds a group's episodes; ``per_step`` groups make a step, ``staleness`` is
     N: at most (syncs so far + N + 1) * ``per_step`` groups are started (plus one for each group the
     trainer dropped or discarded). ``first_version``: the updates the weights have had (a resumed run's
-    steps), so that ``policy_version`` counts a run's updates across resumes."""
+    steps), so that ``policy_version`` counts a run's updates across resumes. With muarl's engine the
+    groups' agent turns take its batch oldest group first (:class:`OldestFirst`). ``end`` (set by
+    :func:`take_step`): no group is started past it, the groups the run will still take (plus one for each
+    the trainer drops or discards), so the last steps start no group that no step would use."""
+
+    #: False: the engine serves the episodes in flight first come first served (kept for benchmarks)
+    oldest_first = True
 
     def __init__(self, sampler: Any, domain: Any, user: Any, episode: Any, group_size: int, order: list[Task],
                  cursor: int, per_step: int, staleness: int, group_seed: Any, policy_seed: int,
@@ -89,6 +170,13 @@ class RolloutStream:
         self.sampler_idle_s = 0.0  # time with no episode in flight because the stream was at its lead
         self.error: BaseException | None = None
         self.stopping = False
+        self.consumed = 0  # groups the trainer took, dropped or discarded
+        self.end: int | None = None  # no group is started at this count or after (None: no end)
+        self.gate: OldestFirst | None = None
+        from muarl.policies.batched_generator import BatchedGenerator
+
+        if self.oldest_first and isinstance(engine, BatchedGenerator):  # a vLLM engine schedules on its own
+            self.gate = OldestFirst(engine.max_batch)
         self.thread = threading.Thread(target=self._thread, name="muarl-rollouts", daemon=True)
 
     # -- the stream's thread ---------------------------------------------------------------------------------
@@ -109,7 +197,7 @@ class RolloutStream:
         idle_since: float | None = None
         while not self.stopping:
             with self.cond:
-                room = self.started < self.budget
+                room = self.room()
             if not room:
                 if not in_flight and idle_since is None:
                     idle_since = time.perf_counter()
@@ -130,9 +218,14 @@ class RolloutStream:
             job.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
 
+    def room(self) -> bool:
+        """Whether another group may start: fewer than the bound's and the run's groups were started."""
+        return self.started < self.budget and (self.end is None or self.started < self.end)
+
     async def _group(self, position: int, version: int) -> None:
         task = self.order[position % len(self.order)]
-        engine = RolloutEngine(self.domain, self.policy, self.user, self.episode, group_size=self.group_size,
+        policy = self.policy if self.gate is None else _Prioritized(self.policy, self.gate, position)
+        engine = RolloutEngine(self.domain, policy, self.user, self.episode, group_size=self.group_size,
                                common_user_seed=True, seed=self.group_seed(position), progress=False)
         try:
             group = (await engine.run([task]))[0]
@@ -167,12 +260,15 @@ class RolloutStream:
                     continue
                 item = self.finished.pop(0)
                 seen += 1
-                if item.version < min_version:
-                    dropped += 1
+                self.consumed += 1
+                if item.version < min_version or (informative is not None and not informative(item.group)):
+                    if item.version < min_version:
+                        dropped += 1
+                    else:
+                        uninformative += 1
                     self.budget += 1  # played again by a fresher group
-                elif informative is not None and not informative(item.group):
-                    uninformative += 1
-                    self.budget += 1
+                    if self.end is not None:
+                        self.end += 1
                 else:
                     kept.append(item)
         return Taken(kept, dropped, uninformative, time.perf_counter() - began,
@@ -210,6 +306,9 @@ def take_step(stream: RolloutStream, cursor: int, config: Any, reward_of: Any) -
 
     def informative(group: list[Trajectory]) -> bool:
         return bool(informative_groups(torch.tensor([[reward_of(t) for t in group]]))[0])
+
+    with stream.cond:  # this step and the ones after it take these many groups more, and no others
+        stream.end = stream.consumed + max(config.steps - stream.version, 1) * config.tasks_per_step
 
     taken = stream.take(config.tasks_per_step, stream.version - config.max_staleness,
                         informative if config.dynamic_sampling else None,
