@@ -282,7 +282,7 @@ def test_data_option_names_the_directory_over_the_variable(tmp_path):
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     takes = {name for name, p in sub.choices.items() if any(a.dest == "data_dir" for a in p._actions)}
-    assert takes == {"gold", "rollout", "synth", "grpo", "eval", "chat", "demo", "serve-mcp"}
+    assert takes == {"gold", "rollout", "synth", "grpo", "eval", "chat", "demo", "ablate", "serve-mcp"}
 
 
 def test_data_errors_say_where_the_directory_came_from(tmp_path):
