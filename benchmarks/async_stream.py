@@ -9,7 +9,13 @@ base), domain (retail-lite), episode settings (the demo's GRPO recipe) and ``llm
   ``--group-size`` at once and the step waits for all of them; ``--steps`` times;
 - ``stream``: a :class:`~muarl.train.async_rollouts.RolloutStream` with staleness ``--staleness`` and a
   trainer that takes each step's groups and syncs at once (no update, same weights): so the stream plays
-  as fast as it can, with (N + 1) steps' worth of groups started at the bound.
+  as fast as it can, with (N + 1) steps' worth of groups started at the bound;
+- ``grpoN``: a real ``train_grpo`` run (``benchmarks/async_grpo.py``'s) with ``--max-staleness N``;
+  ``grpo1:fcfs`` serves the engine's batch first come first served instead of oldest group first,
+  ``:noend`` lets the stream start groups past the run's last step (both: the stream before the fixes of
+  docs/research/async-throughput.md); decode passes are also timed inside and outside the updates;
+- any run with ``:unfused``: the engine's attention with the rows' own part in separate passes (as before
+  ``muarl.attention._own_part`` ran it in PyTorch's fused CPU kernel).
 
 Per run: seconds per step's worth of episodes, and the engine's counters: decode steps, prefill passes,
 rows per decode step (live and free slots), padded cells per decode step (rows x cache width) against
@@ -17,6 +23,7 @@ the real ones (columns holding a token), rebuilds, slot fills, and the seconds t
 was busy (the rest is the event loop: users, tools, chat rendering, or nothing to do).
 
     python benchmarks/async_stream.py --runs step,stream --steps 3
+    python benchmarks/async_stream.py --runs grpo0,grpo1:fcfs:noend,grpo1 --steps 3
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import muarl.attention as attention  # noqa: E402
 from async_grpo import serve_user  # noqa: E402
 from muarl.demo import GRPO  # noqa: E402
 from muarl.domain import get_domain  # noqa: E402
@@ -247,7 +255,8 @@ def run_grpo(args: argparse.Namespace, url: str, name: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="step,stream", help="comma-separated, run in this order: step, stream, "
-                        "grpoN[:fcfs][:noend] (a GRPO run with --max-staleness N, see run_grpo)")
+                        "grpoN[:fcfs][:noend] (a GRPO run with --max-staleness N, see run_grpo); "
+                        "any with :unfused (the engine's own-part attention in separate passes)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tasks-per-step", type=int, default=GRPO.tasks_per_step)
     parser.add_argument("--group-size", type=int, default=GRPO.group_size)
@@ -255,16 +264,25 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--max-batch", type=int, default=64, help="the engine's decode batch limit (HFPolicy's 64)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads first (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     instrument()
     server, url = serve_user(args.latency)
     results = {}
     try:
         for name in args.runs.split(","):
-            if name.startswith("grpo"):
-                results[name] = run_grpo(args, url, name)
-            else:
-                results[name] = (run_steps if name == "step" else run_stream)(args, url)
+            fused = attention._own_part
+            if ":unfused" in name:  # the rows' own attention in separate passes, as before the fused kernel
+                attention._own_part = lambda *args: None
+            try:
+                if name.startswith("grpo"):
+                    results[name] = run_grpo(args, url, name.replace(":unfused", ""))
+                else:
+                    results[name] = (run_steps if name.startswith("step") else run_stream)(args, url)
+            finally:
+                attention._own_part = fused
             print(name, {k: round(v, 2) if isinstance(v, float) else v for k, v in results[name].items()},
                   flush=True)
     finally:

@@ -97,7 +97,17 @@ def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     out_pre, lse_pre = _prefix_part(kv_major(query), kp, vp)  # [kv_heads, n, dim], [kv_heads, n, 1]
     if shared_prefix.use is not None and not bool(shared_prefix.use.all()):
         lse_pre.view(kv_heads, rows, group * q).masked_fill_(~shared_prefix.use.view(1, rows, 1), float("-inf"))
-    # the small part: each row against its own tokens
+    # the small part: each row against its own tokens; on the CPU in the fused flash kernel, combined with
+    # the prefix's part by their log-sum-exps (the padding of rows shorter than the batch's widest costs
+    # a fraction of the separate passes below)
+    fused = _own_part(query, key, value, attention_mask, q) if query.device.type == "cpu" else None
+    if fused is not None:
+        out_own, lse_own = fused
+        lse_pre = row_major(lse_pre)
+        top = torch.maximum(lse_pre, lse_own)
+        weight_pre, weight_own = (lse_pre - top).exp(), (lse_own - top).exp()
+        out = (weight_pre * row_major(out_pre) + weight_own * out_own) / (weight_pre + weight_own)
+        return out.reshape(rows, heads, q, dim).transpose(1, 2).contiguous(), None
     own = torch.matmul(query, key.transpose(-1, -2)).view(rows, kv_heads, group, q, size)
     if attention_mask is not None:
         own = own.masked_fill(~attention_mask.bool().view(rows, 1, 1, q, size), float("-inf"))
@@ -113,6 +123,33 @@ def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     total = weight_pre + own.sum(-1, keepdim=True)
     out = (weight_pre * row_major(out_pre) + torch.matmul(own, value)) / total
     return out.reshape(rows, heads, q, dim).transpose(1, 2).contiguous(), None
+
+
+def _own_part(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+              q: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each row's (scaled, grouped) queries [rows, kv_heads, group*q, dim] against its own keys and values
+    [rows, kv_heads, size, dim] in PyTorch's fused CPU flash kernel: (output, log-sum-exp [.., 1]), or None
+    where the kernel is unavailable. The boolean mask (or, without one, causal among the last q columns)
+    becomes an additive one, shared by a row's query heads."""
+    rows, _, n, _ = query.shape
+    size, group = key.shape[2], n // q
+    if attention_mask is not None:
+        keep: torch.Tensor | None = attention_mask.bool().reshape(-1, 1, q, size)
+    elif q > 1:
+        keep = torch.ones(q, size, dtype=torch.bool, device=query.device).tril(size - q).view(1, 1, q, size)
+    else:
+        keep = None
+    bias = None
+    if keep is not None:
+        bias = torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill_(~keep, float("-inf"))
+        b = bias.shape[0]
+        bias = bias.view(b, 1, 1, q, size).expand(b, 1, group, q, size).reshape(b, 1, n, size).expand(rows, 1, n, size)
+    try:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, False,
+                                                                               attn_mask=bias, scale=1.0)
+    except (RuntimeError, AttributeError):
+        return None
+    return out, lse.unsqueeze(-1)
 
 
 def _prefix_part(query: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
