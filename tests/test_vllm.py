@@ -1188,13 +1188,7 @@ def test_asynchronous_grpo_samples_with_an_in_process_engine_at_most_n_updates_b
 
 
 def test_asynchronous_grpo_samples_with_a_server_at_most_n_updates_behind(vllm_server, tmp_path):
-    from muarl.models import load
-
     try:
         _async_turns_come_from_recent_weights(tmp_path, f"vllm-server:{vllm_server}/v1#tiny")
     finally:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
-        policy = _server_policy(vllm_server)
-        try:
-            policy.sync_weights(load("tiny")[0])
-        finally:
-            policy.close()
+        _restore(vllm_server)
