@@ -101,3 +101,22 @@ def test_grpo_records_its_specs_and_refuses_a_resume_on_another_domain_or_model(
     assert "another config (domain: 'coin_a' -> 'coin_b')" in err, err
     err = _refused([*argv, "--model", "tiny-random"], capsys)
     assert "another config (model: 'tiny' -> 'tiny-random')" in err, err
+
+
+def test_a_resume_compares_the_device_by_its_kind(tmp_path, monkeypatch, capsys):
+    """A run resumes on another device of the same kind (``cuda:0`` -> ``cuda:1``, or ``cpu`` named or left to
+    the machine), never across kinds (a run recorded on a GPU is refused on the CPU: its numbers differ)."""
+    monkeypatch.setitem(domain_module._REGISTRY, "coin_a", dataclasses.replace(coin, name="coin_a"))
+    out = tmp_path / "run"
+    argv = ["grpo", "--preset", "tiny", "--domain", "coin_a", "--steps", "1", "--tasks-per-step", "1",
+            "--group-size", "2", "--max-new-tokens", "8", "--max-turns", "2", "--save-every", "1",
+            "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["device"] is None
+    (out / "config.json").write_text(json.dumps({**config, "device": "cuda:1"}))
+    err = _refused([*argv, "--resume"], capsys)
+    assert "another config (device: 'cuda:1' -> None)" in err, err
+    (out / "config.json").write_text(json.dumps({**config, "device": "cpu:0"}))
+    assert main([*argv[:6], "2", *argv[7:], "--resume", "--device", "cpu"]) == 0
+    assert json.loads((out / "config.json").read_text())["device"] == "cpu"

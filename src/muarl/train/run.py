@@ -9,7 +9,7 @@ there is none); ``resume=False`` starts over and deletes the old checkpoints. A 
 the steps compute (model, data, domain, learning rate, seeds ...), naming the fields; only the fields in
 :data:`MAY_CHANGE` (more steps, saving, trackers, the micro-batch size, how weights are sharded) may
 differ, and the address of an endpoint (a vLLM server or an LLM user restarted elsewhere, serving the
-same model name).
+same model name), and the device within its kind (another GPU).
 
 A run records what produced it in ``provenance.json`` at its start, as an evaluation does in its
 results: muarl's version and commit, the versions of the packages that compute a step (torch,
@@ -50,6 +50,20 @@ MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoint
               # where a sharded run keeps its optimizer state, not what the steps compute. Not fsdp itself: a
               # sharded run's checkpoints hold shards (any number of ranks reads them), an unsharded one's do not
               "fsdp_offload"}
+
+
+def _device_kind(value: str | None) -> str:
+    """A ``--device`` as a resume compares it: its kind (``cuda:1`` is ``cuda``; unset is what this machine
+    would pick), so a run resumes on another GPU of the same kind, but not across CPU and GPU, whose numbers
+    differ."""
+    import torch
+
+    if value is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return torch.device(value).type
+    except (RuntimeError, ValueError):
+        return str(value)
 
 
 def _comparable(value: Any) -> Any:
@@ -114,8 +128,9 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
         current = asdict(config)
         # a field added to the config after the run was recorded had its default value then
         recorded = {**_defaults(config), **json.loads((out / "config.json").read_text())}
-        differ = sorted(k for k in set(recorded) | set(current)
-                        if k not in MAY_CHANGE and _comparable(recorded.get(k)) != _comparable(current.get(k)))
+        same = {"device": _device_kind}
+        differ = sorted(k for k in set(recorded) | set(current) if k not in MAY_CHANGE
+                        and same.get(k, _comparable)(recorded.get(k)) != same.get(k, _comparable)(current.get(k)))
         if differ:
             detail = "; ".join(f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in differ)
             raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "
