@@ -65,3 +65,15 @@ def test_a_misspelt_behaviour_is_an_error(tmp_path: Path) -> None:
                            "change_mind"], capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src"),
                                                                                   "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and "unknown user behaviour change_mind" in done.stderr
+
+
+def test_a_family_share_shortfall_is_said_once_not_per_chunk(tmp_path: Path) -> None:
+    """Every chunk of the stream draws the same task mix, so a family that runs short (telecom's, at 600 tasks a
+    database) is warned about once per domain, not once per chunk (thousands of lines in a long run)."""
+    from muarl.taskgen import FamilyShareWarning
+
+    stream = ConversationStream(PretrainConfig(domains=["telecom"], chunk_tasks=600), tmp_path / "stream")
+    with pytest.warns(FamilyShareWarning) as caught:
+        stream.chunk(0)
+        stream.chunk(1)
+    assert sum(issubclass(w.category, FamilyShareWarning) for w in caught) == 1

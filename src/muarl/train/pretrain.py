@@ -23,6 +23,7 @@ import random
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from muarl.files import write_lines
+from muarl.taskgen import FamilyShareWarning
 from muarl.train import RunSettings, autocast
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example
@@ -113,6 +115,7 @@ class ConversationStream:
         self.domains = [get_domain(name) for name in config.domains]
         self.folder.mkdir(parents=True, exist_ok=True)
         self._chunks: list[list[dict[str, Any]]] = []
+        self._share_warned: set[str] = set()
 
     def chunk(self, c: int) -> list[dict[str, Any]]:
         """Chunk ``c``: the expert's clean wins on the train tasks of a freshly generated database."""
@@ -127,7 +130,14 @@ class ConversationStream:
         domain = self.domains[c % len(self.domains)]
         seed = STREAM_SEED + c
         fresh = domain.with_database(seed=seed)
-        fresh._tasks = fresh.generate_tasks(seed, {"train": self.config.chunk_tasks, "dev": 0, "test": 0})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fresh._tasks = fresh.generate_tasks(seed, {"train": self.config.chunk_tasks, "dev": 0, "test": 0})
+        for w in caught:  # every chunk draws the same mix: its share shortfall is said once per domain, not per chunk
+            if not issubclass(w.category, FamilyShareWarning) or domain.name not in self._share_warned:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            if issubclass(w.category, FamilyShareWarning):
+                self._share_warned.add(domain.name)
         with tempfile.TemporaryDirectory(dir=self.folder) as tmp:
             expert = ExpertPolicy(slip_rate=self.config.slip_rate)
             synthesize([fresh], expert, make_user("scripted"), Path(tmp), split="train",
