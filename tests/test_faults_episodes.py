@@ -34,34 +34,16 @@ from muarl.types import Message, Task, ToolCall, Trajectory
 from muarl.users.base import STOP, Act, UserReply, UserSession, UserSimulator
 from muarl.users.llm import LLMUser
 from muarl.users.scripted import ScriptedUser
-from test_llm_user import FaultServer, start_process, stop_process
+from test_llm_user import FaultServer, StepPolicy, StepSession, start_process, stop_process
 from test_viewer_browser import browser  # noqa: F401  (the fixture)
 
 TESTS = Path(__file__).parent
 
 
 # -- parties that misbehave -------------------------------------------------------------------------------
-class Steps(Policy):
+def fixed(*said: str | ToolCall) -> StepPolicy:
     """A fixed agent: each step is a sentence for the user or a tool call, then goodbye forever."""
-
-    name = "steps"
-
-    def __init__(self, *steps: str | ToolCall):
-        self.steps = steps
-
-    def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
-        return StepsSession(list(self.steps))
-
-
-class StepsSession(PolicySession):
-    def __init__(self, steps: list[str | ToolCall]):
-        self.steps = steps
-
-    async def next(self, new_messages: list[Message]) -> AgentTurn:
-        step = self.steps.pop(0) if self.steps else "Thank you for contacting us. Goodbye!"
-        if isinstance(step, ToolCall):
-            return AgentTurn(Message(role="assistant", tool_calls=[step]))
-        return AgentTurn(Message(role="assistant", content=step))
+    return StepPolicy(list(said))
 
 
 class HalfExpert(Policy):
@@ -73,7 +55,7 @@ class HalfExpert(Policy):
         self.solved, self.expert = solved, ExpertPolicy()
 
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> PolicySession:
-        return self.expert.session(domain, task, seed) if task.id in self.solved else StepsSession([])
+        return self.expert.session(domain, task, seed) if task.id in self.solved else StepSession([])
 
 
 class Broken(Policy):
@@ -225,7 +207,7 @@ def test_a_user_device_tool_that_fails_is_a_tool_fault_even_if_the_user_swallows
         def session(self, task: Task, seed: int) -> UserSession:
             return Swallows()
 
-    traj = play(telecom, telecom.tasks("test")[0], Steps("Please check your status bar."), User())
+    traj = play(telecom, telecom.tasks("test")[0], fixed("Please check your status bar."), User())
     f = fault(traj)
     assert f["kind"] == "tool" and "check_status_bar" in f["message"] and "OSError" in f["traceback"]
     assert traj.stop_reason == "tool_fault" and not traj.sim_fault
@@ -255,7 +237,7 @@ def test_a_tool_that_raises_is_a_tool_fault_with_its_traceback(retail: Domain, t
 
     monkeypatch.setattr(retail.agent_tools["get_user_details"], "fn", broken)
     call = ToolCall(id="c1", name="get_user_details", arguments={"user_id": task.user_id})
-    traj = play(retail, task, Steps(call), ScriptedUser())
+    traj = play(retail, task, fixed(call), ScriptedUser())
     f = fault(traj)
     assert f["kind"] == "tool" and "get_user_details" in f["message"] and "ZeroDivisionError" in f["traceback"]
     assert traj.stop_reason == "tool_fault" and traj.tool_log[-1].error == "internal"
@@ -272,7 +254,7 @@ def test_a_hung_sync_tool_times_out_and_its_thread_is_abandoned(retail: Domain, 
     call = ToolCall(id="c1", name="get_user_details", arguments={"user_id": task.user_id})
     began = time.monotonic()
     try:
-        traj = play(retail, task, Steps(call), ScriptedUser(), EpisodeConfig(tool_timeout=0.5))
+        traj = play(retail, task, fixed(call), ScriptedUser(), EpisodeConfig(tool_timeout=0.5))
     finally:
         release.set()
     assert time.monotonic() - began < 10
@@ -294,13 +276,13 @@ def test_a_tool_exception_under_evaluate_is_not_chained_to_the_event_loop_check(
             config = EpisodeConfig()
             config.tool_timeout = limit
             with contextlib.suppress(AllEpisodesFaulted):  # the only episode is a tool fault
-                evaluate(retail, Steps(call), ScriptedUser(), [task], k=1, config=config, progress=False)
+                evaluate(retail, fixed(call), ScriptedUser(), [task], k=1, config=config, progress=False)
     assert caplog.text.count("ZeroDivisionError: bug in the tool") >= 2
     assert "no running event loop" not in caplog.text and "During handling" not in caplog.text
 
 
 def test_tool_errors_are_counted_in_the_results(retail: Domain, task: Task, tmp_path: Path) -> None:
-    steps = Steps(ToolCall(id="c1", name="no_such_tool"),
+    steps = fixed(ToolCall(id="c1", name="no_such_tool"),
                   ToolCall(id="c2", name="get_order_details", arguments={"order_id": "#W0000000"}),
                   ToolCall(id="c3", name="get_user_details", arguments={"user_id": task.user_id}))
     result = evaluate(retail, steps, ScriptedUser(), [task], k=2, out_dir=tmp_path, progress=False)
@@ -424,7 +406,7 @@ def test_http_user_that_stalls_fails_or_sends_nothing_faults_only_its_episode(
                   {"content": "Hi, I need help with an order."}, default={"content": f"Thanks, that is all. {STOP}"})
     user = LLMUser(server.url, "fault", timeout=20, max_retries=1, backoff=0.01)
     began = time.monotonic()
-    result = evaluate(retail, Steps("How can I help?"), user, tasks, k=1, out_dir=tmp_path, concurrency=1,
+    result = evaluate(retail, fixed("How can I help?"), user, tasks, k=1, out_dir=tmp_path, concurrency=1,
                       config=EpisodeConfig(user_timeout=1.0), progress=False)
     assert time.monotonic() - began < 15
     kinds = [g[0].fault_kind for g in result.trajectories]
