@@ -180,9 +180,11 @@ def test_arm_differences_reads_each_kind_of_difference_from_the_records(tmp_path
     assert other_users["same_cold_start"] and not other_users["same_episodes"]
 
 
-def test_bad_user_lists_are_refused_before_anything_runs(tmp_path: Path) -> None:
+def test_bad_user_lists_and_bases_are_refused_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="listed twice"):
         run_ablate(tmp_path, "smoke", train_users="scripted,scripted")
     with pytest.raises(ValueError, match="unknown user"):
         run_ablate(tmp_path, "smoke", eval_users="scripted,nobody")
+    with pytest.raises(ValueError, match="nor a model directory"):
+        run_ablate(tmp_path, "smoke", base=str(tmp_path / "nowhere"))
     assert not (tmp_path / "ablate.json").exists()

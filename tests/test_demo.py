@@ -161,3 +161,25 @@ def test_eval_split_picks_the_evaluated_tasks_and_both_splits_share_one_run(tmp_
     with pytest.raises(ValueError, match="fewer than"):  # before any stage runs, not after the training
         run_demo(tmp_path / "big", "smoke", progress=False, eval_split="dev", eval_tasks=len(domain.tasks("dev")) + 1)
     assert not (tmp_path / "big").exists()
+
+
+def test_a_model_directory_is_a_cold_start_of_ones_own(tmp_path: Path) -> None:
+    """``--base DIR``: the demo (and ``muarl ablate``, which shares its cold start) evaluates and trains the
+    given model, not the shipped base; anything else that is not a model directory is one clear error."""
+    import shutil
+
+    from muarl.models import base_path
+
+    mine = tmp_path / "mine"
+    shutil.copytree(base_path(), mine)
+    out = tmp_path / "demo"
+    done = _muarl("demo", "--preset", "smoke", "--base", str(mine), "--out", str(out), "--quiet", "--no-greedy",
+                  "--stop-after", "eval-sft")
+    assert done.returncode == 0, done.stderr[-3000:]
+    evaluated = json.loads((out / "eval-sft" / "results.json").read_text())
+    assert evaluated["config"]["model"] == str(mine), evaluated["config"]
+    assert json.loads((out / "demo.json").read_text())["base"] == str(mine)
+    for bad in (tmp_path / "nowhere", tmp_path):
+        refused = _muarl("demo", "--preset", "smoke", "--base", str(bad), "--out", str(tmp_path / "x"))
+        assert refused.returncode == 2 and "nor a model directory" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr

@@ -85,8 +85,8 @@ class DemoConfig:
     domain: str = field(default="retail-lite-forgetful", metadata={
         "help": "the domain GRPO trains on and evaluation tests"})
     base: str = field(default="shipped", metadata={
-        "help": "shipped: start from the packaged cold-start base; scratch: random weights, synth and SFT first",
-        "choices": BASES})
+        "help": "shipped: start from the packaged cold-start base; scratch: random weights, synth and SFT first; "
+                "or a model directory: a cold start of your own (a Hugging Face causal LM with a chat template)"})
     # the embedded model (base="scratch")
     hidden_size: int = field(default=64, metadata={"help": "hidden size of the model from random weights"})
     layers: int = field(default=2, metadata={"help": "decoder layers of the model from random weights"})
@@ -224,6 +224,14 @@ class Stages:
         return {key: value for key, value in self.clock.items() if ours(key)}
 
 
+def check_base(base: str) -> None:
+    """``base`` is one of :data:`BASES` or a model directory (a ``config.json`` in it); else one clear error
+    before anything is trained."""
+    if base not in BASES and not (Path(base) / "config.json").is_file():
+        raise ValueError(f"--base {base!r} is neither one of {', '.join(BASES)} nor a model directory "
+                         "(no config.json in it)")
+
+
 def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
     """Stage 1: the shipped base, or (``base="scratch"``) the tiny model from random weights of ``seed``."""
     from muarl.models import base_path
@@ -231,6 +239,8 @@ def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
 
     if config.base == "shipped":
         return base_path()
+    if config.base not in BASES:  # a model directory (check_base)
+        return Path(config.base)
     folder = out / "model"
     if not _done(folder):
         if not (folder / "config.json").exists():  # the tokenizer is the cached tiny model's (trained once)
@@ -687,8 +697,7 @@ def run_demo(out: str | Path = "runs/demo", preset: str = "default", seed: int =
     if preset not in PRESETS:
         raise ValueError(f"unknown demo preset {preset!r}; choose from {', '.join(PRESETS)}")
     config = PRESETS[preset].with_overrides(**overrides)
-    if config.base not in BASES:
-        raise ValueError(f"unknown demo base {config.base!r}; choose from {', '.join(BASES)}")
+    check_base(config.base)
     held_out_tasks(config)  # too few tasks in the split: say so now, not after the training
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

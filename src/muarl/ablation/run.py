@@ -13,12 +13,12 @@ from rich.console import Console
 
 from muarl.ablation.layout import COLD_START, USERS, arm, eval_name, slug
 from muarl.demo import (
-    BASES,
     EVAL_ONLY,
     PRESETS,
     SHARED_STAGES,
     DemoConfig,
     Stages,
+    check_base,
     check_settings,
     cold_start,
     evaluate_model,
@@ -56,8 +56,7 @@ def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: i
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     config = PRESETS[preset].with_overrides(**overrides)
-    if config.base not in BASES:
-        raise ValueError(f"unknown base {config.base!r}; choose from {', '.join(BASES)}")
+    check_base(config.base)
     trained, evaluated = parse_users(train_users, "--train-users"), parse_users(eval_users, "--eval-users")
     held_out_tasks(config)  # too few tasks in the split: say so now, not after the training
     out = Path(out)
