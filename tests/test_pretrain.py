@@ -77,3 +77,19 @@ def test_a_family_share_shortfall_is_said_once_not_per_chunk(tmp_path: Path) -> 
         stream.chunk(0)
         stream.chunk(1)
     assert sum(issubclass(w.category, FamilyShareWarning) for w in caught) == 1
+
+
+def test_the_stream_takes_users_in_turn_by_database(tmp_path: Path) -> None:
+    """``--users scripted static``: even databases are played with the scripted user (who tells who they are
+    when asked), odd ones with the static user (everything it knows in its opening message), so a base sees
+    both kinds of opening."""
+    stream = ConversationStream(PretrainConfig(users=["scripted", "static"], chunk_tasks=20), tmp_path / "stream")
+
+    def introduced(record: dict) -> bool:  # the opening says who the user is
+        opening = next(m["content"] for m in record["messages"] if m["role"] == "user")
+        return "My name is" in opening or "My email is" in opening
+
+    scripted, static = stream.chunk(0), stream.chunk(1)
+    assert scripted and static
+    assert all(map(introduced, static)), [r["messages"][:3] for r in static if not introduced(r)][:1]
+    assert not any(map(introduced, scripted))

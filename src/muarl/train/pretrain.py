@@ -63,6 +63,9 @@ class PretrainConfig(RunSettings):
     grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clip"})
     max_len: int = field(default=0, metadata={"help": "tokens per packed row (0: the step's longest conversation)"})
     chunk_tasks: int = field(default=200, metadata={"help": "training tasks per freshly generated database"})
+    users: list[str] = field(default_factory=lambda: ["scripted"], metadata={
+        "help": "simulated users who play the stream's conversations, taking turns by database (a --user spec: "
+                "scripted, static, a plug-in), so a base can learn the openings of more than one kind of user"})
     exclude_behaviours: list[str] = field(default_factory=list, metadata={
         "help": "leave out users who show these behaviours (e.g. changes_mind), for RL to teach"})
     slip_rate: float = field(default=0.0, metadata={
@@ -96,6 +99,8 @@ class PretrainConfig(RunSettings):
             raise ValueError(f"pretrain first_chunk must be 0 or more (got {self.first_chunk})")
         if not self.domains:
             raise ValueError("pretrain needs at least one domain")
+        if not self.users:
+            raise ValueError("pretrain needs at least one user")
         if self.fsdp or self.optimizer != "adamw":
             raise ValueError("muarl pretrain trains the small embedded base with AdamW, unsharded: --fsdp, "
                              "--fsdp-offload and --optimizer are options of sft and grpo")
@@ -128,6 +133,7 @@ class ConversationStream:
         from muarl.synth import synthesize
 
         domain = self.domains[c % len(self.domains)]
+        user = self.config.users[(c // len(self.domains)) % len(self.config.users)]
         seed = STREAM_SEED + c
         fresh = domain.with_database(seed=seed)
         with warnings.catch_warnings(record=True) as caught:
@@ -140,7 +146,7 @@ class ConversationStream:
                 self._share_warned.add(domain.name)
         with tempfile.TemporaryDirectory(dir=self.folder) as tmp:
             expert = ExpertPolicy(slip_rate=self.config.slip_rate)
-            synthesize([fresh], expert, make_user("scripted"), Path(tmp), split="train",
+            synthesize([fresh], expert, make_user(user), Path(tmp), split="train",
                        exclude_behaviours=self.config.exclude_behaviours or None, seed=seed, progress=False)
             owners = {t.id: t.user_id for t in fresh._tasks}  # recorded, so a test can check who was played
             lines = [json.dumps({**record, "user_id": owners[record["task_id"]]}, ensure_ascii=False)
@@ -238,9 +244,12 @@ def train_pretrain(config: PretrainConfig, progress: bool = True) -> dict[str, A
     ``checkpoints/``. Resumes from the newest checkpoint unless ``config.resume`` is False."""
     from dataclasses import replace
 
+    from muarl.factory import make_user
     from muarl.train.distributed import setup
 
     check_report_to(config.report_to)
+    for user in config.users:
+        make_user(user)  # a malformed spec: one line now, not at the stream's first database that needs it
     dist = setup(config.device)
     if dist.world > 1:
         raise ValueError("muarl pretrain runs in one process (the stream is played by it)")
