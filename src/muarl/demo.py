@@ -233,7 +233,8 @@ def check_base(base: str) -> None:
 
 
 def build_model(out: Path, config: DemoConfig, seed: int) -> Path:
-    """Stage 1: the shipped base, or (``base="scratch"``) the tiny model from random weights of ``seed``."""
+    """Stage 1: the shipped base, a model directory of one's own, or (``base="scratch"``) the tiny model from
+    random weights of ``seed``."""
     from muarl.models import base_path
     from muarl.tiny_model import build_shaped
 
