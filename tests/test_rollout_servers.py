@@ -70,10 +70,10 @@ def test_a_resume_compares_the_servers_count_and_models_not_their_addresses():
 
     two = "vllm-server:http://10.0.0.1:8000/v1#tiny,http://10.0.0.2:8000/v1#tiny"
     moved = "vllm-server:http://10.0.0.7:9000#tiny,https://gpu-3.example:8443/v1#tiny"
-    assert _comparable(two) == _comparable(moved) == "vllm-server:URL#tiny,URL#tiny"
-    assert _comparable(two) != _comparable("vllm-server:http://10.0.0.1:8000/v1#tiny")
-    assert _comparable(two) != _comparable("vllm-server:http://10.0.0.1:8000/v1#tiny,http://10.0.0.2:8000/v1#big")
-    assert _comparable("llm:http://10.0.0.1:8000/v1#user") == _comparable("llm:http://h:1#user")  # as before
+    assert _comparable("rollout_engine", two) == _comparable("rollout_engine", moved) == "vllm-server:URL#tiny,URL#tiny"
+    assert _comparable("rollout_engine", two) != _comparable("rollout_engine", "vllm-server:http://10.0.0.1:8000/v1#tiny")
+    assert _comparable("rollout_engine", two) != _comparable("rollout_engine", "vllm-server:http://10.0.0.1:8000/v1#tiny,http://10.0.0.2:8000/v1#big")
+    assert _comparable("user", "llm:http://10.0.0.1:8000/v1#user") == _comparable("user", "llm:http://h:1#user")  # as before
 
 
 @pytest.mark.parametrize("first", [0, 1])

@@ -56,8 +56,6 @@ def _device_kind(value: str | None) -> str:
     """A ``--device`` as a resume compares it: its kind (``cuda:1`` is ``cuda``; unset is what this machine
     would pick), so a run resumes on another GPU of the same kind, but not across CPU and GPU, whose numbers
     differ."""
-    import torch
-
     if value is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -66,11 +64,14 @@ def _device_kind(value: str | None) -> str:
         return str(value)
 
 
-def _comparable(value: Any) -> Any:
-    """A config value as a resume compares it: an endpoint spec's (``KIND:URL#MODEL``: ``--rollout-engine
-    vllm-server:...``, ``--user llm:...``) address is where its model is served, not what it samples, so a
-    server restarted on another port or machine resumes the run; its kind and model name must stay, and
-    so must the number of servers of a comma-separated list (``vllm-server:URL1#M,URL2#M``)."""
+def _comparable(key: str, value: Any) -> Any:
+    """A config value as a resume compares it: the device by its kind (:func:`_device_kind`); an endpoint
+    spec's (``KIND:URL#MODEL``: ``--rollout-engine vllm-server:...``, ``--user llm:...``) address is where its
+    model is served, not what it samples, so a server restarted on another port or machine resumes the run;
+    its kind and model name must stay, and so must the number of servers of a comma-separated list
+    (``vllm-server:URL1#M,URL2#M``)."""
+    if key == "device":
+        return _device_kind(value)
     if isinstance(value, str) and "://" in value and "#" in value:
         from muarl.factory import SpecError, split_endpoint
 
@@ -128,9 +129,8 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
         current = asdict(config)
         # a field added to the config after the run was recorded had its default value then
         recorded = {**_defaults(config), **json.loads((out / "config.json").read_text())}
-        same = {"device": _device_kind}
-        differ = sorted(k for k in set(recorded) | set(current) if k not in MAY_CHANGE
-                        and same.get(k, _comparable)(recorded.get(k)) != same.get(k, _comparable)(current.get(k)))
+        differ = sorted(k for k in set(recorded) | set(current)
+                        if k not in MAY_CHANGE and _comparable(k, recorded.get(k)) != _comparable(k, current.get(k)))
         if differ:
             detail = "; ".join(f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in differ)
             raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "
