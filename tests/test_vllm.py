@@ -634,19 +634,13 @@ def test_grpo_rolls_out_through_a_vllm_server_and_keeps_it_in_step(vllm_server, 
     """--rollout-engine vllm-server:URL#MODEL: the same run against the module's server, synced over HTTP
     at the start and after every update (LoRA: the adapter loaded in place; full: the weights reloaded),
     through a --vllm-sync-dir that did not exist: made, used through a directory of the run's own, left empty."""
-    from muarl.models import load
-
     sync = tmp_path / "shared" / "sync"
     try:
         _grpo_keeps_the_engine_in_step(tmp_path, lora_r, f"vllm-server:{vllm_server}/v1#tiny", vllm_sync_dir=str(sync))
         assert sync.is_dir() and not list(sync.iterdir())
     finally:
         if not lora_r:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
-            policy = _server_policy(vllm_server)
-            try:
-                policy.sync_weights(load("tiny")[0])
-            finally:
-                policy.close()
+            _restore(vllm_server)
 
 
 def test_one_server_is_the_rollout_engine_and_a_frozen_llm_user(vllm_server, tmp_path):
@@ -756,16 +750,10 @@ def test_grpo_from_an_adapter_directory_keeps_the_engine_in_step(adapter_dir, tm
 def test_grpo_from_an_adapter_directory_keeps_a_server_in_step(vllm_server, adapter_dir, tmp_path):
     """The same against a server started on the adapter's base: its weights are replaced by the merged ones
     at the first sync and after every update (a LoRA sync would put the new adapter on the bare base)."""
-    from muarl.models import load
-
     try:
         _grpo_keeps_the_engine_in_step(tmp_path, 4, f"vllm-server:{vllm_server}/v1#tiny", model=str(adapter_dir))
     finally:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
-        policy = _server_policy(vllm_server)
-        try:
-            policy.sync_weights(load("tiny")[0])
-        finally:
-            policy.close()
+        _restore(vllm_server)
 
 
 @pytest.mark.parametrize("lora_r", [0, 4])
