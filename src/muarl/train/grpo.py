@@ -40,9 +40,11 @@ from muarl.train.distributed import setup
 from muarl.train.groups import collect_groups, rollout_metrics, step_seed, train_reward, write_rollouts
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.grpo_update import update_on_rollouts
+from muarl.train.memory import peak_memory
 from muarl.train.run import open_run
-from muarl.train.samplers import CopySampler, check_rollout_engine, make_sampler
-from muarl.train.sharding import resume_optimizer, save_result, save_step, shard_for_training
+from muarl.train.samplers import CopySampler, check_rollout_engine, make_sampler, rollout_copy
+from muarl.train.sharded_init import load_sharded
+from muarl.train.sharding import resume_optimizer, save_result, save_step
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, trainable_parameters
 from muarl.types import Task, Trajectory
@@ -66,14 +68,16 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read
     run = open_run(config, dist, {"domain": domain_record(domain)})
-    # a sharded run starts from --model and loads its checkpoint's shards below
-    model, reference, tokenizer = load_trainable(config, str(dist.device), None if config.fsdp else run.resume_from,
-                                                 want_reference=True)
+    # a sharded run starts from --model (built on meta, each rank reading its own shards) and loads its
+    # checkpoint's shards below
+    if config.fsdp:
+        model, reference, tokenizer = load_sharded(config, dist, want_reference=True)
+    else:
+        model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
     # a sharded run, or an asynchronous one on muarl's engine (which samples from a model object), samples from
     # a copy of the weights that follows them after every update; vLLM engines hold weights of their own
-    plain = copy.deepcopy(model) if config.fsdp or (config.max_staleness and config.rollout_engine == "hf") else None
-    if config.fsdp:
-        shard_for_training(model, reference, config, dist)
+    copied = config.fsdp or (config.max_staleness and config.rollout_engine == "hf")
+    plain = rollout_copy(config, model, dist) if config.fsdp else copy.deepcopy(model) if copied else None
     model.eval()
     user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
     episode = config.episode_config()  # as the paper trains: required outputs not graded
@@ -87,8 +91,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     tasks = domain.tasks(config.split)
     order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
-    sampler = (make_sampler(config, model, tokenizer, dist) if plain is None  # servers: rank 0 pushes, all sample
-               else CopySampler(config, model, plain, tokenizer, dist))
+    sampler = (CopySampler(config, model, plain, tokenizer, dist) if copied  # servers: rank 0 pushes, all sample
+               else make_sampler(config, model, tokenizer, dist))
     stream = None
     try:
         sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
@@ -148,7 +152,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             record = {"step": step + 1, **rollout_metrics(groups, domain.general_tools), **stats, **asynchrony,
                       "trained_sequences": len(batch), "tasks_played": cursor - before, "trained_groups": int(keep.sum()),
                       "rollout_s": rollout_s, "reference_s": ref_s, "update_s": update_s,
-                      "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9)}
+                      "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9), **peak_memory(dist)}
             history.append(record)
             trackers.log(record, step + 1)
             if console is not None:

@@ -181,20 +181,32 @@ class CopySampler:
     sharded run's (``--fsdp``), and an asynchronous run's (``--max-staleness``), whose engine samples while
     the trainer changes its weights. The engine ``config.rollout_engine`` names runs on ``plain``, an
     unsharded copy of the model into which the weights are copied (shards gathered), one parameter at a
-    time with every rank taking part, at the start (a resumed run's) and after every update. A LoRA run gathers
-    only its adapter. The copy holds the weights alone (no gradients, no optimizer state); for a vLLM
-    engine it lives in CPU memory, from where the engine takes it as from an unsharded trainer. Every rank
-    gathers (each gather is a collective); with servers, only rank 0 pushes the copy (:class:`ServerSampler`)."""
+    time, at the start (a resumed run's) and after every update. A LoRA run gathers only its adapter.
 
-    def __init__(self, config: Any, model: Any, plain: Any, tokenizer: Any, dist: Dist | None = None):
-        from muarl.train.sharding import gather_into
+    The copy holds the weights alone (no gradients, no optimizer state), in the dtype the engine samples in
+    (:func:`rollout_copy`). muarl's engine samples from it on every rank, so every rank gathers (all-gathers);
+    a vLLM engine takes the weights from it (in CPU memory), and with servers only rank 0 pushes them, so only
+    rank 0 holds a copy and receives the shards (the other ranks pass ``plain=None`` and only send theirs).
+    ``release`` (before each update of a synchronous run) gives the copy's memory back to the update; ``sync``
+    allocates it again and gathers into it. A LoRA run's copy keeps its base (it is never gathered)."""
+
+    def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None):
         from muarl.train.weights import is_lora
 
-        if config.rollout_engine != "hf":
-            plain.to("cpu")
-        self.plain, self.lora = plain.eval().requires_grad_(False), is_lora(model)
-        gather_into(model, plain, only_trainable=self.lora)
+        self.dist = dist or Dist()
+        self.to_main = config.rollout_engine.startswith(SERVER)
+        self.lora = is_lora(model)
+        self.plain = plain.eval().requires_grad_(False) if plain is not None else None
+        self.released: dict[str, torch.Size] = {}
+        self._gather(model)
         self.inner = make_sampler(config, plain, tokenizer, dist)
+
+    def _gather(self, model: Any) -> None:
+        from muarl.train.sharding import gather_into
+
+        if self.released:
+            self._allocate()
+        gather_into(model, self.plain, only_trainable=self.lora, to_main=self.to_main, dist=self.dist)
 
     def policy(self, seed: int) -> Policy:
         return self.inner.policy(seed)
@@ -204,16 +216,43 @@ class CopySampler:
 
     def release(self) -> None:
         self.inner.release()
+        if self.plain is None or self.lora or self.released:
+            return
+        with torch.no_grad():
+            for name, param in self.plain.named_parameters():  # tied weights are one parameter, named once
+                self.released[name] = param.shape
+                param.data = param.data.new_empty(0)
+
+    def _allocate(self) -> None:
+        with torch.no_grad():
+            for name, param in self.plain.named_parameters():
+                param.data = param.data.new_empty(self.released[name])
+        self.released = {}
 
     def sync(self, model: Any) -> float:
-        from muarl.train.sharding import gather_into
-
         began = time.perf_counter()
-        gather_into(model, self.plain, only_trainable=self.lora)
+        self._gather(model)
         return time.perf_counter() - began + self.inner.sync(self.plain)
 
     def close(self) -> None:
         self.inner.close()
+
+
+def rollout_copy(config: Any, model: Any, dist: Dist) -> Any | None:
+    """The unsharded copy a sharded run's :class:`CopySampler` samples from (or pushes to the engine), on
+    the ranks that need one: every rank for muarl's engine (on its device), each rank's in-process vLLM
+    engine (CPU memory), rank 0 alone for servers (CPU memory; None elsewhere). In the dtype the run's
+    sharded forwards compute in (bfloat16 on GPUs, float32 on the CPU), never filled from the checkpoint (the
+    gather fills it). A LoRA run's copy is its base from the checkpoint with a fresh adapter of its shape."""
+    from muarl.train.sharded_init import empty_copy
+    from muarl.train.sharding import mixed_precision, plain_copy
+
+    if config.rollout_engine.startswith(SERVER) and not dist.main:
+        return None
+    device = dist.device if config.rollout_engine == "hf" else torch.device("cpu")
+    if config.lora_r > 0:
+        return plain_copy(config).to(device)
+    return empty_copy(config, torch.bfloat16 if mixed_precision(config, dist.device) else torch.float32, device)
 
 
 class ServerSampler:

@@ -24,8 +24,10 @@ from muarl.train import RunSettings, autocast, from_preset, make_optimizer
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
+from muarl.train.memory import peak_memory
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.train.run import data_digests, open_run
+from muarl.train.sharded_init import load_sharded
 from muarl.train.sharding import (
     grad_norm,
     idle_passes,
@@ -34,7 +36,6 @@ from muarl.train.sharding import (
     resume_optimizer,
     save_result,
     save_step,
-    shard_for_training,
 )
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, trainable_parameters
@@ -187,9 +188,10 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     dist = setup(config.device, group=config.fsdp)
     run = open_run(config, dist, {"data": data_digests(config.data)})
     # a sharded run starts from --model and loads its checkpoint's shards below
-    model, _, tokenizer = load_trainable(config, str(dist.device), None if config.fsdp else run.resume_from)
-    if config.fsdp:
-        shard_for_training(model, None, config, dist)
+    if config.fsdp:  # built on meta, each rank reading its own shards; a resumed run loads its shards below
+        model, _, tokenizer = load_sharded(config, dist)
+    else:
+        model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)
     model.train()
     records = load_records(config.data, tokenizer)
     schedule_ = batch_schedule(len(records), config)
@@ -227,7 +229,8 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 record = {"step": step + 1, "epoch": epoch, "loss": dist.sum(loss_sum) / targets,
                           "lr": schedule.get_last_lr()[0], "grad_norm": norm, "target_tokens": targets,
                           "rows": int(n_rows), "padding": dist.sum(padding) / max(n_rows, 1),
-                          "tokens_per_s": dist.sum(sum(len(e) for e in local)) / (time.perf_counter() - began)}
+                          "tokens_per_s": dist.sum(sum(len(e) for e in local)) / (time.perf_counter() - began),
+                          **peak_memory(dist)}
                 history.append(record)
                 trackers.log(record, step + 1)
                 advance(record)

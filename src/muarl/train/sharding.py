@@ -134,22 +134,41 @@ def grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(full() if full is not None else total)
 
 
-def gather_into(model: Any, plain: Any | None, only_trainable: bool = False) -> None:
+def gather_into(model: Any, plain: Any | None, only_trainable: bool = False, to_main: bool = False,
+                dist: Dist | None = None) -> None:
     """Copy a sharded ``model``'s parameters, one at a time, into ``plain``, an unsharded model of the same
     architecture (None on ranks that only take part in the gathers). Every rank must call it: each
-    parameter is one all-gather. No rank ever holds more than ``plain`` and one gathered parameter.
+    parameter is one collective. No rank ever holds more than ``plain`` and one gathered parameter.
     ``only_trainable``: the parameters the optimizer updates (a LoRA run's adapter), the rest being
-    unchanged since ``plain`` was made."""
+    unchanged since ``plain`` was made. ``to_main``: only rank 0 of ``dist`` receives the parameters (a
+    gather, not an all-gather: the other ranks send their shards and hold no whole parameter at all)."""
     targets = dict(plain.named_parameters()) if plain is not None else {}
     with torch.no_grad():
         for name, param in model.named_parameters():
             if only_trainable and not param.requires_grad:
                 continue
-            full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
-            if plain is not None:
+            if to_main and dist is not None and hasattr(param, "to_local"):
+                full = _gather_to_main(param, dist)
+            else:
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
+            if plain is not None and full is not None:
                 target = targets[name]
                 target.copy_(full.to(device=target.device, dtype=target.dtype))
             del full
+
+
+def _gather_to_main(param: Any, dist: Dist) -> torch.Tensor | None:
+    """A dim-0 sharded parameter (FSDP2's cut: chunks of ceil(rows / world)) whole on rank 0, None
+    elsewhere. The shards are padded to one chunk's rows for the collective and trimmed after."""
+    local = param.to_local().detach()
+    if dist.world == 1:
+        return local
+    chunk = -(-param.shape[0] // dist.world)
+    padded = local.new_zeros((chunk, *local.shape[1:]))
+    padded[:local.shape[0]] = local
+    pieces = [torch.empty_like(padded) for _ in range(dist.world)] if dist.main else None
+    torch.distributed.gather(padded, pieces, dst=0)
+    return torch.cat(pieces)[:param.shape[0]] if pieces is not None else None
 
 
 def _options() -> Any:
@@ -240,10 +259,14 @@ def shard_for_training(model: Any, reference: Any | None, config: Any, dist: Dis
 
 
 def plain_copy(config: Any) -> Any:
-    """An unsharded model of the run's architecture on the CPU, from ``config.model`` (LoRA: with a fresh
-    adapter of the run's shape), for :func:`gather_into` to fill."""
+    """An unsharded model of the run's architecture on the CPU for :func:`gather_into` to fill: full
+    fine-tuning's uninitialised (every weight is gathered), LoRA's from ``config.model`` with a fresh adapter
+    of the run's shape (only the adapter is gathered)."""
+    from muarl.train.sharded_init import empty_copy
     from muarl.train.weights import load_trainable
 
+    if config.lora_r == 0:
+        return empty_copy(config, torch.float32, "cpu")
     return load_trainable(config, "cpu", None)[0]
 
 

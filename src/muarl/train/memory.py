@@ -1,0 +1,37 @@
+"""The peak memory of a run's processes, logged with every step: what decides whether a size fits.
+
+Counting tensors (parameters, gradients, optimizer state) misses what a user runs out of first: copies
+made at start-up, the reference model, the rollout engine's copy, activations, the runtime itself. The
+operating system's peak resident set of each process (``ru_maxrss``) counts all of it on the CPU; on a
+GPU, torch's peak allocated memory on the rank's device is logged beside it.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+
+from muarl.train.distributed import Dist
+
+#: ru_maxrss is in kibibytes on Linux, in bytes on macOS
+_RSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory since it started, in GiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / 2**30
+
+
+def peak_memory(dist: Dist) -> dict[str, float]:
+    """The peak memory so far over the run's ranks (a collective): ``peak_rss_gb`` the largest process's,
+    ``peak_rss_gb_mean`` the mean over ranks, and on a GPU ``peak_gpu_gb`` the largest rank's allocated."""
+    mine = [peak_rss_gb()]
+    if dist.device.type == "cuda":
+        mine.append(torch.cuda.max_memory_allocated(dist.device) / 2**30)
+    ranks = dist.gather(mine)
+    record = {"peak_rss_gb": max(r[0] for r in ranks), "peak_rss_gb_mean": sum(r[0] for r in ranks) / len(ranks)}
+    if len(mine) > 1:
+        record["peak_gpu_gb"] = max(r[1] for r in ranks)
+    return record
