@@ -50,3 +50,14 @@ def test_two_processes_keep_identical_weights_and_match_one_process(tmp_path):
     one_lines = (tmp_path / "single" / "sft" / "metrics.jsonl").read_text().splitlines()
     assert len(two_lines) == len(one_lines) == 1
     assert json.loads(two_lines[0])["loss"] == pytest.approx(json.loads(one_lines[0])["loss"], rel=1e-5)
+
+
+def test_offload_on_gpus_gets_a_cpu_backend_beside_nccl():
+    """--fsdp-offload on GPUs clips gradients and gathers on CPU tensors: the group carries them over gloo
+    beside NCCL (an NCCL-only group raises on them, pytorch#148532); without offload NCCL alone, on the CPU
+    gloo alone."""
+    from muarl.train.distributed import backend
+
+    assert backend("cuda", offload=True) == "cpu:gloo,cuda:nccl"
+    assert backend("cuda", offload=False) == "nccl"
+    assert backend("cpu", offload=True) == backend("cpu") == "gloo"

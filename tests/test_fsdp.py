@@ -86,7 +86,7 @@ def test_two_sharded_ranks_take_the_steps_of_one_unsharded_process(tmp_path, lor
         _muarl(ranks, *GRPO, "--steps", "2", "--out", str(tmp_path / f"grpo{ranks}"), *extra, *fsdp)
     _same_metrics(_metrics(tmp_path / "sft1"), _metrics(tmp_path / "sft2"), ("loss", "grad_norm", "target_tokens"))
     grpo1, grpo2 = _metrics(tmp_path / "grpo1"), _metrics(tmp_path / "grpo2")
-    _same_metrics(grpo1, grpo2, ("reward", "trained_sequences", "loss", "kl", "grad_norm"))
+    _same_metrics(grpo1, grpo2, ("reward", "trained_sequences", "loss", "kl", "grad_norm", "entropy", "clip_fraction"))
     assert all(m["grad_norm"] > 0 and m["trained_sequences"] > 0 for m in grpo2)
     assert all(m["mismatch_kl"] < 1e-6 for m in grpo2)  # the engine's copy followed the shards
     start = _start()

@@ -673,7 +673,8 @@ def report(out: Path, where: Path | None = None) -> Path:
         "facts": {"domain": summary.get("domain"), "held-out tasks": f"{summary.get('eval_tasks')} of the {split} "
                   f"split, {k} trials each", "seed": summary.get("seed"), "preset": summary.get("preset"),
                   **({"minutes": round(seconds / 60, 1)} if seconds is not None else {})},
-        "plots": [{"path": where / "plots" / name, "caption": caption} for name, caption in plots
+        # absolute: the page's relative paths start from its own folder, and ``where`` may itself be relative
+        "plots": [{"path": (where / "plots" / name).resolve(), "caption": caption} for name, caption in plots
                   if (where / "plots" / name).exists()],
         "changed": {"title": "held-out conversations RL changed", "summary": changed_summary(changes)
                     + (f" Shown: {len(fixed[:REPORT_PAIRS])} fixed, {len(broken[:max(1, REPORT_PAIRS // 2)])} "

@@ -20,7 +20,7 @@ def write_plots(out: Path, where: Path, config: DemoConfig, arms: Mapping[str, s
     """``plots/``: the cold start, each arm's GRPO dynamics and the matrix as bars with their intervals."""
     from muarl.demo import plot_cold_start, plot_grpo, pyplot
 
-    folder = where / "plots"
+    folder = (where / "plots").resolve()  # absolute: the page's relative paths start from its own folder
     folder.mkdir(exist_ok=True)
     plots = [{"path": plot_cold_start(out, folder), "caption": "the cold start every arm starts from"}]
     for a, user in arms.items():

@@ -81,23 +81,33 @@ class Dist:
             torch.distributed.barrier()
 
 
-def setup(device: str | None = None, group: bool = False) -> Dist:
+def backend(device_type: str, offload: bool = False) -> str:
+    """The process group's backend: gloo on the CPU, NCCL on GPUs; with ``offload`` (``--fsdp-offload``) on GPUs
+    both, CPU tensors over gloo beside CUDA tensors over NCCL, because an offloaded run's gradient clipping and
+    its gathers for the rollout copy work on CPU tensors, which an NCCL-only group refuses (pytorch#148532)."""
+    if device_type != "cuda":
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if offload else "nccl"
+
+
+def setup(device: str | None = None, group: bool = False, offload: bool = False) -> Dist:
     """Join the process group when launched for several processes; pick the device.
 
     ``device`` None means CUDA when there is one (the rank's own GPU), else the CPU. ``group``: a process
     group even for one process (a sharded run's collectives need one; its checkpoints then load on any
-    number of ranks).
+    number of ranks). ``offload``: the group also carries CPU tensors on GPUs (:func:`backend`).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if group and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if chosen.type == "cuda" else "gloo",
+            torch.distributed.init_process_group(backend(chosen.type, offload),
                                                  store=torch.distributed.HashStore(), rank=0, world_size=1)
         return Dist(0, 1, chosen)
     from accelerate import PartialState
 
-    state = PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+    cpu = device == "cpu" or not torch.cuda.is_available()
+    state = PartialState(cpu=cpu, **({} if cpu else {"backend": backend("cuda", offload)}))
     if not torch.distributed.is_initialized():
         raise RuntimeError("WORLD_SIZE > 1 but no process group could be initialised")
     dev = state.device if state.device.type != "cpu" else torch.device("cpu")

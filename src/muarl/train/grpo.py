@@ -60,7 +60,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     rank 0 writes files.
     """
     check_report_to(config.report_to)
-    dist = setup(config.device, group=config.fsdp)
+    dist = setup(config.device, group=config.fsdp, offload=config.fsdp_offload)
     if config.max_staleness and dist.world > 1:
         raise ValueError("--max-staleness runs in one training process for now (its groups are played in a "
                          "thread of the process)")

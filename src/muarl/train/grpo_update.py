@@ -148,7 +148,8 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     with precision:
         opening = shared_opening([batch[i][0] for i in run], config)
         shared = DetachedPrefix(record_prefix(causal_lm(model), opening)) if opening else None
-    trained_tokens = float(sum(sum(batch[i][0].loss_mask) for i in run))
+    # every rank's: the logged entropy is a mean over the whole step's trained tokens, not a sum of ranks' means
+    trained_tokens = dist.sum(float(sum(sum(batch[i][0].loss_mask) for i in run)))
     for part in parts:
         trajs = [batch[i][0] for i in part]
         with precision:
@@ -192,6 +193,7 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         dist.all_reduce_grads(params)
     norm = grad_norm(params, config.grad_clip)
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollouts (the engine's copy is)
     model.eval()
     stats = {key: dist.sum(value) for key, value in sums.items()}
     stats.update(grad_norm=norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),

@@ -187,8 +187,9 @@ class CopySampler:
     (:func:`rollout_copy`). muarl's engine samples from it on every rank, so every rank gathers (all-gathers);
     a vLLM engine takes the weights from it (in CPU memory), and with servers only rank 0 pushes them, so only
     rank 0 holds a copy and receives the shards (the other ranks pass ``plain=None`` and only send theirs).
-    ``release`` (before each update of a synchronous run) gives the copy's memory back to the update; ``sync``
-    allocates it again and gathers into it. A LoRA run's copy keeps its base (it is never gathered)."""
+    ``release`` (before each update) gives the copy's memory back to the update and ``sync`` allocates it
+    again and gathers into it, except where the copy must stay: an asynchronous run samples from it during
+    the update, and a LoRA run's copy keeps its base (which is never gathered)."""
 
     def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None):
         from muarl.train.weights import is_lora
@@ -196,6 +197,7 @@ class CopySampler:
         self.dist = dist or Dist()
         self.to_main = config.rollout_engine.startswith(SERVER)
         self.lora = is_lora(model)
+        self.releasable = not self.lora and not config.max_staleness  # an asynchronous stream samples on
         self.plain = plain.eval().requires_grad_(False) if plain is not None else None
         self.released: dict[str, torch.Size] = {}
         self._gather(model)
@@ -216,7 +218,7 @@ class CopySampler:
 
     def release(self) -> None:
         self.inner.release()
-        if self.plain is None or self.lora or self.released:
+        if self.plain is None or not self.releasable or self.released:
             return
         with torch.no_grad():
             for name, param in self.plain.named_parameters():  # tied weights are one parameter, named once

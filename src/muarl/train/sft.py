@@ -185,7 +185,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     and the chosen trackers' logs. Resumes from the newest checkpoint in ``out`` unless ``config.resume``
     is False. Under ``accelerate launch`` each process packs and trains on its share of every batch."""
     check_report_to(config.report_to)
-    dist = setup(config.device, group=config.fsdp)
+    dist = setup(config.device, group=config.fsdp, offload=config.fsdp_offload)
     run = open_run(config, dist, {"data": data_digests(config.data)})
     # a sharded run starts from --model and loads its checkpoint's shards below
     if config.fsdp:  # built on meta, each rank reading its own shards; a resumed run loads its shards below

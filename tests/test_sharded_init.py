@@ -1,0 +1,46 @@
+"""A sharded run's start-up and rollout copy (issue 39 items 1-2) on two ranks (gloo, the CPU): every rank
+builds the model and the KL reference on meta and reads only its own rows of the checkpoint (loading the
+checkpoint whole is refused there), and the engine's copy is gathered where it is needed: with servers only
+rank 0 holds one and no rank all-gathers; muarl's engine's copy is released for the update and gathered
+again at the sync. The checks themselves are in tests/sharded_init_worker.py. The memory this saves is
+measured by benchmarks/fsdp_startup_memory.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from muarl.train.sharded_init import rows
+
+TESTS = Path(__file__).parent
+
+
+def test_rows_follow_fsdp2_cut():
+    """The rows each rank reads are the rows FSDP2 gives it (torch.chunk on dim 0), uneven counts included."""
+    import torch
+
+    for full in (1, 5, 7, 8, 151936):
+        for world in (1, 2, 3, 4):
+            chunks = torch.arange(full).chunk(world)
+            for rank in range(world):
+                start, end = rows(full, rank, world)
+                expected = chunks[rank].tolist() if rank < len(chunks) else []
+                assert list(range(start, end)) == expected, (full, world, rank)
+
+
+@pytest.mark.slow
+def test_two_ranks_start_without_a_whole_copy_and_gather_only_where_needed(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(TESTS / "sharded_init_worker.py"), str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert sum(h["held"] for h in held) == held[0]["total"]  # the two halves make the whole, once
