@@ -26,6 +26,10 @@ def refuse(*args, **kwargs):
     raise AssertionError("a whole copy of the model was built on this rank")
 
 
+def no_all_gather(*args, **kwargs):
+    raise AssertionError("a rank all-gathered a whole parameter where only rank 0 should receive it")
+
+
 def same_as(plain, expected: dict[str, torch.Tensor], shift: float = 0.0) -> None:
     for name, param in plain.named_parameters():
         assert torch.equal(param.detach(), expected[name] + shift), name
@@ -55,7 +59,7 @@ if __name__ == "__main__":
     copy = rollout_copy(server, model, dist)
     assert (copy is not None) == dist.main
     full_tensor = DTensor.full_tensor
-    DTensor.full_tensor = refuse
+    DTensor.full_tensor = no_all_gather
     gather_into(model, copy, to_main=True, dist=dist)
     DTensor.full_tensor = full_tensor
     if copy is not None:

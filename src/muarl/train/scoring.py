@@ -115,4 +115,7 @@ def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory,
                 idle_passes(scorer, len(parts), passes, params[0].device if params else torch.device("cpu"),
                             backward=False)
         scorer.train(was_training)
+        lm = causal_lm(scorer)
+        if hasattr(lm, "reshard"):  # a sharded root stays gathered after a forward (for a backward that never comes)
+            lm.reshard()
     return ref
