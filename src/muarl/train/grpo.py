@@ -140,6 +140,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 sampler.release()  # --vllm-sleep: the engine's GPU memory goes to the update until the sync
                 stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
                                                             dist, totals)
+                optimizer.zero_grad(set_to_none=True)  # no gradients held through the sync and the next rollouts
                 stats["sync_s"] = sampler.sync(model) if stream is None else stream.sync(model)
                 warning = mismatch_warning(step + 1, stats.get("mismatch_kl", 0.0), stats.get("mismatch_outside", 0.0))
                 # asynchronous: the mismatch includes the policy's own lag (up to N updates), not only the engine's

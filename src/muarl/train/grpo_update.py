@@ -193,7 +193,6 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         dist.all_reduce_grads(params)
     norm = grad_norm(params, config.grad_clip)
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollouts (the engine's copy is)
     model.eval()
     stats = {key: dist.sum(value) for key, value in sums.items()}
     stats.update(grad_norm=norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
