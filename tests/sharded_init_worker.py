@@ -18,8 +18,8 @@ from muarl.models import checkpoint_root
 from muarl.train.distributed import setup
 from muarl.train.grpo_config import preset
 from muarl.train.samplers import CopySampler, rollout_copy
-from muarl.train.sharded_init import load_sharded, rows
-from muarl.train.sharding import gather_into
+from muarl.train.sharded_init import load_sharded
+from muarl.train.sharding import gather_into, shard_rows
 
 
 def refuse(*args, **kwargs):
@@ -49,14 +49,14 @@ if __name__ == "__main__":
         for name, param in sharded.named_parameters():
             assert isinstance(param, DTensor), (which, name)
             assert param.requires_grad == (which == "model"), (which, name)
-            start, end = rows(param.shape[0], dist.rank, dist.world)
+            start, end = shard_rows(param.shape[0], dist.rank, dist.world)
             assert torch.equal(param.to_local(), checkpoint[name][start:end]), (which, name, start, end)
             held, total = held + param.to_local().numel(), total + param.numel()
     assert held <= 0.55 * total, (held, total)  # this rank's half, not the whole
     # servers: rank 0 alone holds a copy and receives the shards; no rank all-gathers a whole parameter
     server = preset("tiny", domain="train_fixtures:coin", fsdp=True, out=str(out),
                     rollout_engine="vllm-server:http://127.0.0.1:9#m")
-    copy = rollout_copy(server, model, dist)
+    copy = rollout_copy(server, dist)
     assert (copy is not None) == dist.main
     full_tensor = DTensor.full_tensor
     DTensor.full_tensor = no_all_gather
@@ -65,7 +65,7 @@ if __name__ == "__main__":
     if copy is not None:
         same_as(copy, checkpoint)
     # muarl's engine: every rank samples from its own copy; released during the update, gathered again after
-    sampler = CopySampler(full, model, rollout_copy(full, model, dist), tokenizer, dist)
+    sampler = CopySampler(full, model, rollout_copy(full, dist), tokenizer, dist)
     same_as(sampler.plain, checkpoint)
     sampler.release()
     assert all(p.numel() == 0 for p in sampler.plain.parameters())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from muarl.train.sharded_init import rows
+from muarl.train.sharding import shard_rows
 
 TESTS = Path(__file__).parent
 
@@ -28,7 +28,7 @@ def test_rows_follow_fsdp2_cut():
         for world in (1, 2, 3, 4):
             chunks = torch.arange(full).chunk(world)
             for rank in range(world):
-                start, end = rows(full, rank, world)
+                start, end = shard_rows(full, rank, world)
                 expected = chunks[rank].tolist() if rank < len(chunks) else []
                 assert list(range(start, end)) == expected, (full, world, rank)
 

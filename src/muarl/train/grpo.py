@@ -77,7 +77,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     # a sharded run, or an asynchronous one on muarl's engine (which samples from a model object), samples from
     # a copy of the weights that follows them after every update; vLLM engines hold weights of their own
     copied = config.fsdp or (config.max_staleness and config.rollout_engine == "hf")
-    plain = rollout_copy(config, model, dist) if config.fsdp else copy.deepcopy(model) if copied else None
+    plain = rollout_copy(config, dist) if config.fsdp else copy.deepcopy(model) if copied else None
     model.eval()
     user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
     episode = config.episode_config()  # as the paper trains: required outputs not graded

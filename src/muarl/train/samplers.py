@@ -240,21 +240,18 @@ class CopySampler:
         self.inner.close()
 
 
-def rollout_copy(config: Any, model: Any, dist: Dist) -> Any | None:
+def rollout_copy(config: Any, dist: Dist) -> Any | None:
     """The unsharded copy a sharded run's :class:`CopySampler` samples from (or pushes to the engine), on
     the ranks that need one: every rank for muarl's engine (on its device), each rank's in-process vLLM
     engine (CPU memory), rank 0 alone for servers (CPU memory; None elsewhere). In the dtype the run's
-    sharded forwards compute in (bfloat16 on GPUs, float32 on the CPU), never filled from the checkpoint (the
-    gather fills it). A LoRA run's copy is its base from the checkpoint with a fresh adapter of its shape."""
-    from muarl.train.sharded_init import empty_copy
+    sharded forwards compute in (bfloat16 on GPUs, float32 on the CPU); the gather fills it
+    (:func:`~muarl.train.sharding.plain_copy`)."""
     from muarl.train.sharding import mixed_precision, plain_copy
 
     if config.rollout_engine.startswith(SERVER) and not dist.main:
         return None
     device = dist.device if config.rollout_engine == "hf" else torch.device("cpu")
-    if config.lora_r > 0:
-        return plain_copy(config).to(device)
-    return empty_copy(config, torch.bfloat16 if mixed_precision(config, dist.device) else torch.float32, device)
+    return plain_copy(config, torch.bfloat16 if mixed_precision(config, dist.device) else torch.float32, device)
 
 
 class ServerSampler:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from muarl.train.distributed import Dist
+from muarl.train.sharding import shard_rows
 
 INDEX = "model.safetensors.index.json"
 
@@ -71,15 +72,6 @@ def materialize(model: Any, device: torch.device | str) -> None:
             buffer.copy_(buffers[name])
 
 
-def rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
-    """The dim-0 rows [start, end) of a parameter with ``full_rows`` rows that ``rank`` of ``world`` holds:
-    FSDP2 cuts dim 0 as ``torch.chunk`` does (equal chunks of ceil(rows / world), the last ones shorter or
-    empty)."""
-    chunk = -(-full_rows // world)
-    start = min(rank * chunk, full_rows)
-    return start, min(start + chunk, full_rows)
-
-
 def fill_shards(model: Any, files: dict[str, Path], dist: Dist) -> None:
     """Copy into every (sharded) parameter of ``model`` this rank's rows of the checkpoint's tensor of the
     same name, cast to the parameter's dtype. Only those rows are read (safetensors slices a memory map)."""
@@ -94,7 +86,7 @@ def fill_shards(model: Any, files: dict[str, Path], dist: Dist) -> None:
                 for name, param in params:
                     local = param.to_local() if hasattr(param, "to_local") else param
                     world, rank = (dist.world, dist.rank) if hasattr(param, "to_local") else (1, 0)
-                    start, end = rows(param.shape[0], rank, world)
+                    start, end = shard_rows(param.shape[0], rank, world)
                     if local.shape[0] != end - start:
                         raise RuntimeError(f"{name}: this rank holds {local.shape[0]} rows, expected {end - start} "
                                            f"(rows {start}..{end} of {param.shape[0]} over {world} ranks)")
@@ -160,7 +152,7 @@ def load_sharded(config: Any, dist: Dist, want_reference: bool = False) -> tuple
     return model, reference, AutoTokenizer.from_pretrained(tokenizer_dir(config.model))
 
 
-def empty_copy(config: Any, dtype: torch.dtype, device: torch.device | str) -> Any:
+def empty_copy(config: Any, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Any:
     """An unsharded model of ``config.model``'s architecture on ``device`` in ``dtype``, its weights
     uninitialised (a gather from the shards fills them; nothing is read from the checkpoint)."""
     from muarl.models import checkpoint_root

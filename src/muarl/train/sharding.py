@@ -157,13 +157,22 @@ def gather_into(model: Any, plain: Any | None, only_trainable: bool = False, to_
             del full
 
 
+def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
+    """The dim-0 rows [start, end) of a parameter with ``full_rows`` rows that ``rank`` of ``world`` holds:
+    FSDP2 cuts dim 0 as ``torch.chunk`` does (equal chunks of ceil(rows / world), the last ones shorter or
+    empty)."""
+    chunk = -(-full_rows // world)
+    start = min(rank * chunk, full_rows)
+    return start, min(start + chunk, full_rows)
+
+
 def _gather_to_main(param: Any, dist: Dist) -> torch.Tensor | None:
-    """A dim-0 sharded parameter (FSDP2's cut: chunks of ceil(rows / world)) whole on rank 0, None
-    elsewhere. The shards are padded to one chunk's rows for the collective and trimmed after."""
+    """A dim-0 sharded parameter whole on rank 0, None elsewhere. The shards are padded to rank 0's rows
+    (the longest, :func:`shard_rows`) for the collective and trimmed after."""
     local = param.to_local().detach()
     if dist.world == 1:
         return local
-    chunk = -(-param.shape[0] // dist.world)
+    chunk = shard_rows(param.shape[0], 0, dist.world)[1]
     padded = local.new_zeros((chunk, *local.shape[1:]))
     padded[:local.shape[0]] = local
     pieces = [torch.empty_like(padded) for _ in range(dist.world)] if dist.main else None
@@ -258,16 +267,16 @@ def shard_for_training(model: Any, reference: Any | None, config: Any, dist: Dis
         shard(reference, dist, bf16=bf16, offload=config.fsdp_offload)
 
 
-def plain_copy(config: Any) -> Any:
-    """An unsharded model of the run's architecture on the CPU for :func:`gather_into` to fill: full
-    fine-tuning's uninitialised (every weight is gathered), LoRA's from ``config.model`` with a fresh adapter
-    of the run's shape (only the adapter is gathered)."""
+def plain_copy(config: Any, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Any:
+    """An unsharded model of the run's architecture for :func:`gather_into` to fill: full fine-tuning's
+    uninitialised in ``dtype`` (every weight is gathered; the checkpoint is not read), LoRA's from
+    ``config.model`` with a fresh adapter of the run's shape (only the adapter is gathered)."""
     from muarl.train.sharded_init import empty_copy
     from muarl.train.weights import load_trainable
 
     if config.lora_r == 0:
-        return empty_copy(config, torch.float32, "cpu")
-    return load_trainable(config, "cpu", None)[0]
+        return empty_copy(config, dtype, device)
+    return load_trainable(config, str(device), None)[0]
 
 
 def save_final_sharded(out: Path, model: Any, tokenizer: Any, config: Any, dist: Dist) -> tuple[Path, Any]:
