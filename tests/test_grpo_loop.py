@@ -263,3 +263,32 @@ def test_grpo_configs_that_cannot_run_fail_with_the_option_name():
             GRPOConfig(**bad)
     with pytest.raises(ValueError, match="tasks_per_step"):
         preset("tiny", tasks_per_step=0)
+
+
+def test_an_update_that_trained_nothing_logs_no_loss_entropy_or_grad_norm(coin_batch):
+    """Every advantage 0 and no KL term: no sequence runs, so loss, KL, entropy, clip fraction and grad norm
+    are absent (not 0, which reads as a collapse), and the step's line says why; one sequence with an
+    advantage brings them all back."""
+    import copy
+
+    import numpy as np
+
+    from muarl.algorithms import get_algorithm
+    from muarl.train.grpo import untrained
+    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_update import policy_update
+
+    base = load("tiny")[0]
+    config = GRPOConfig(kl_beta=0.0)
+    absent = {"loss", "kl", "entropy", "clip_fraction", "grad_norm"}
+    reasons = []
+    for advantages, computed in (([0.0] * len(coin_batch), False), ([1.0] + [0.0] * (len(coin_batch) - 1), True)):
+        model = copy.deepcopy(base)
+        batch = [(t, a) for (t, _), a in zip(coin_batch, advantages, strict=True)]
+        stats, _, _ = policy_update(model, None, torch.optim.SGD(model.parameters(), lr=0.0),
+                                    get_algorithm("grpo", kl_beta=0.0), batch, config)
+        assert (absent <= stats.keys()) == computed and (absent & stats.keys() == set()) != computed, stats
+        reasons.append(untrained(stats, np.array([True]), [[False] * len(batch)]))
+    assert "no sequence carried a gradient" in reasons[0] and reasons[1] is None
+    assert "no informative group" in untrained({}, np.array([False, False]), [[False], [False]])
+    assert "masked" in untrained({}, np.array([True, False]), [[True, True], [False, False]])

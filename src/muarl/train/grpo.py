@@ -157,9 +157,11 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             history.append(record)
             trackers.log(record, step + 1)
             if console is not None:
+                why = untrained(record, keep, masked)
+                update = (f"nothing trained: {why}" if why else
+                          f"loss {record['loss']:+.4f} kl {record.get('kl', 0.0):.4f} trained {len(batch)}")
                 console.print(f"[bold]grpo step {step + 1}/{config.steps}[/bold] reward {record['reward']:.3f} "
-                              f"loss {record.get('loss', 0.0):+.4f} kl {record.get('kl', 0.0):.4f} "
-                              f"trained {len(batch)} in {rollout_s + ref_s + update_s:.1f} s")
+                              f"{update} in {rollout_s + ref_s + update_s:.1f} s")
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
                 save_step(run.out, step + 1, dist, model, optimizer, tokenizer, {"step": step + 1, "metrics": history},
                           config.fsdp, config.keep_checkpoints)
@@ -170,3 +172,16 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
         sampler.close()
     checkpoint, model = save_result(run.out, model, tokenizer, config, dist)
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}
+
+
+def untrained(record: dict[str, Any], keep: Any, masked: list[list[bool]]) -> str | None:
+    """Why a step's update computed nothing (its loss, entropy and grad norm are absent from ``record``), or
+    None when it trained: no group kept a learning signal, every kept episode masked, or every trained
+    sequence's advantage 0 (and no KL term to move it)."""
+    if "grad_norm" in record:
+        return None
+    if not keep.any():
+        return "no informative group (every group's members scored alike)"
+    if all(masked[g][m] for g in range(len(masked)) if keep[g] for m in range(len(masked[g]))):
+        return "every episode of the kept groups masked (simulator faults or truncation)"
+    return "no sequence carried a gradient (advantages 0 and no KL term, or no agent tokens)"

@@ -197,6 +197,10 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     stats = {key: dist.sum(value) for key, value in sums.items()}
     stats.update(grad_norm=norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
                  shared_prefix_tokens=float(len(opening)))
+    if not dist.sum(float(len(run))):  # no sequence ran forward and backward on any rank: a 0 here would read as
+        # a collapse; what only those passes compute is absent (loss and KL too where no KL term made them)
+        for key in ("entropy", "clip_fraction", "grad_norm", *(() if config.kl_beta else ("loss", "kl"))):
+            stats.pop(key)
     if first:  # every rank sums, also one with nothing to run: a collective call
         kl, outside, measured = (dist.sum(value) for value in drift)
         if measured:
