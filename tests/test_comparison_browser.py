@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,24 @@ def _load(path: Path) -> list[Trajectory]:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory]:
     """A smoke demo whose after-RL evaluation fixed one episode (the expert's play of it); the page rebuilt
     by rerunning the demo. Returns the run directory and that episode."""
+    # as the README runs it: from a working directory, with a relative run directory (a page that joins it to
+    # its own folder again finds no plots)
+    base, relative = tmp_path_factory.mktemp("demo"), Path("runs") / "smoke"
+    out, cwd = base / relative, Path.cwd()
+    os.chdir(base)
+    try:
+        return _fixed_run(out, relative)
+    finally:
+        os.chdir(cwd)
+
+
+def _fixed_run(out: Path, relative: Path) -> tuple[Path, Trajectory]:
     from muarl.domain import get_domain
     from muarl.policies.expert import ExpertPolicy
     from muarl.rollout import EpisodeConfig, run_episode
     from muarl.users.scripted import ScriptedUser
 
-    out = tmp_path_factory.mktemp("demo") / "smoke"
-    run_demo(out, "smoke", progress=False)
+    run_demo(relative, "smoke", progress=False)
     first = (out / "report.html").read_text()
     smoke = PRESETS["smoke"]
     rl = out / "eval-rl" / "trajectories.jsonl"
@@ -61,7 +73,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory
     # episode's place in the wrong file would open another episode
     rl.write_text("".join(t.model_dump_json() + "\n" for t in reversed(trajs)))
 
-    summary = run_demo(out, "smoke", progress=False)  # the finished run: only the summary and report again
+    summary = run_demo(relative, "smoke", progress=False)  # the finished run: only the summary and report again
     assert summary["rl"]["pass^1"] == 1 / (smoke.eval_tasks * smoke.eval_k)
     assert (out / "report.html").read_text() != first  # rebuilt: the page shows the change
     return out, fixed
@@ -94,6 +106,15 @@ def assert_accessible(driver) -> None:
     assert levels[0] == 1 and all(b <= a + 1 for a, b in zip(levels[:-1], levels[1:], strict=True)), levels
     assert found["tables"] and all(found["tables"]), found["tables"]
     assert found["no_alt"] == 0 and found["no_text"] == [], found
+
+
+def assert_local_links_resolve(driver) -> None:
+    """Every link of the open page to a local file names one that exists (the fragment aside)."""
+    from urllib.parse import unquote, urlparse
+
+    hrefs = driver.execute_script("return [...document.links].map(a => a.href)")
+    local = [Path(unquote(urlparse(h).path)) for h in hrefs if h.startswith("file:")]
+    assert [p for p in local if not p.exists()] == [], local
 
 
 def assert_comparison_page(driver, page: Path) -> dict:
@@ -152,6 +173,7 @@ def test_the_demo_report_opens_on_the_comparison_and_links_into_the_viewer(brows
     said = " ".join(after.text.split())
     assert all(" ".join(m.content.split()) in said for m in fixed.messages if m.role == "user")
     assert_accessible(browser)
+    assert_local_links_resolve(browser)
     _assert_screenshot(browser, tmp_path / "comparison.png")
     _no_console_errors(browser)
 
@@ -184,6 +206,7 @@ def test_the_demo_report_opens_on_the_comparison_and_links_into_the_viewer(brows
     charts = _wait(lambda: [e for e in _css(browser, "#sec-training svg.chart") if e.is_displayed()])
     assert charts[0].get_attribute("aria-label") == "reward"
     assert len(charts[0].find_elements("css selector", "circle")) == PRESETS["smoke"].grpo.steps
+    assert_local_links_resolve(browser)
     _no_console_errors(browser)
 
 
