@@ -30,8 +30,10 @@ def ablation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory
     """A smoke ablation whose method fixed one episode with the interactive user; the results rebuilt."""
     from muarl.domain import get_domain
 
-    out = tmp_path_factory.mktemp("ablate") / "smoke"
-    run_ablate(out, "smoke", progress=False, greedy=False)
+    base, relative = tmp_path_factory.mktemp("ablate"), Path("runs") / "smoke"  # as the README runs it
+    out = base / relative
+    with comparison_browser.working_directory(base):
+        run_ablate(relative, "smoke", progress=False, greedy=False)
     smoke = PRESETS["smoke"]
     path = out / eval_name("rl-scripted", "scripted") / "trajectories.jsonl"
     trajs = [Trajectory.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
@@ -43,7 +45,8 @@ def ablation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory
     fixed.metadata = old.metadata
     trajs[1] = fixed
     path.write_text("".join(t.model_dump_json() + "\n" for t in reversed(trajs)))
-    run_ablate(out, "smoke", progress=False, greedy=False)  # finished: only the results and the page again
+    with comparison_browser.working_directory(base):  # finished: only the results and the page again
+        run_ablate(relative, "smoke", progress=False, greedy=False)
     return out, fixed
 
 
@@ -60,8 +63,9 @@ def test_the_ablation_report_opens_on_the_matrix_and_links_into_the_viewer(brows
     assert diff > 0 and rows[first][3].startswith(f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]")
     cell = summary["matrix"]["scripted"]["rl-scripted"]
     assert rows[first][1] == f"{cell['value']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
-    assert len(_css(browser, "section#plots figure img")) == 4
+    comparison_browser.assert_plots_drawn(browser, 4)
     comparison_browser.assert_accessible(browser)
+    comparison_browser.assert_local_links_resolve(browser)
 
     pairs = _css(browser, "section#changed details.pair")
     assert len(pairs) == 1 and pairs[0].get_attribute("data-outcome") == "better"

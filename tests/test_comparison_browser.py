@@ -14,8 +14,10 @@ page (``muarl ablate``'s too); on the run viewer's page (what the demo wrote bef
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,10 +43,17 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Trajectory
     # as the README runs it: from a working directory, with a relative run directory (a page that joins it to
     # its own folder again finds no plots)
     base, relative = tmp_path_factory.mktemp("demo"), Path("runs") / "smoke"
-    out, cwd = base / relative, Path.cwd()
-    os.chdir(base)
+    with working_directory(base):
+        return _fixed_run(base / relative, relative)
+
+
+@contextlib.contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    """Run the block from ``path`` (as a user's commands run from theirs), the old one restored after."""
+    cwd = Path.cwd()
+    os.chdir(path)
     try:
-        return _fixed_run(out, relative)
+        yield
     finally:
         os.chdir(cwd)
 
@@ -108,6 +117,15 @@ def assert_accessible(driver) -> None:
     assert found["no_alt"] == 0 and found["no_text"] == [], found
 
 
+def assert_plots_drawn(driver, count: int) -> None:
+    """The page's ``count`` plots, each inlined and drawn (an image that did not load has no width)."""
+    images = _css(driver, "section#plots figure img")
+    assert len(images) == count and not _css(driver, "section#plots figure.missing")
+    for img in images:
+        assert img.get_attribute("src").startswith("data:image/png;base64,") and img.get_attribute("alt")
+        assert driver.execute_script("return arguments[0].naturalWidth", img) > 100
+
+
 def assert_local_links_resolve(driver) -> None:
     """Every link of the open page to a local file names one that exists (the fragment aside)."""
     from urllib.parse import unquote, urlparse
@@ -153,12 +171,7 @@ def test_the_demo_report_opens_on_the_comparison_and_links_into_the_viewer(brows
     assert list(rows)[:5] == ["success (pass^1)", "fault rate: policy / user / tool", "success (pass^1), T = 0",
                               "fault rate: policy / user / tool, T = 0", f"pass^{k}"]
 
-    # the plots, inlined and drawn
-    images = _css(browser, "section#plots figure img")
-    assert len(images) == 3
-    for img in images:
-        assert img.get_attribute("src").startswith("data:image/png;base64,") and img.get_attribute("alt")
-        assert browser.execute_script("return arguments[0].naturalWidth", img) > 100
+    assert_plots_drawn(browser, 3)
 
     # the conversation RL changed: the one fixed episode, before and after, side by side
     pairs = _css(browser, "section#changed details.pair")
