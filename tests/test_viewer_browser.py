@@ -149,6 +149,15 @@ def test_report_of_a_training_run_in_chromium(browser, training_run, tmp_path):
     _open(browser, report)
     metrics = [json.loads(line) for line in (training_run / "metrics.jsonl").read_text().splitlines()]
 
+    # the page opens on the run's story: the headline curves, then its settings; the file list last
+    headline = _wait(lambda: [e for e in _css(browser, "#sec-overview #headline svg.chart") if e.is_displayed()])
+    assert [c.get_attribute("aria-label") for c in headline][:2] == ["reward", "groups all correct / all wrong"]
+    order = browser.execute_script("""return [...document.querySelectorAll('#sec-overview #headline, #sec-overview h3')]
+        .map(e => e.id || e.textContent)""")
+    assert order[0] == "headline" and order[1] == "settings (config.json)" and order[-1] == "files", order
+    assert json.loads((training_run / "config.json").read_text())["model"] in browser.find_element(
+        "id", "sec-overview").text
+
     browser.find_element("css selector", 'nav a[data-tab="training"]').click()
     charts = _wait(lambda: [e for e in _css(browser, "#sec-training svg.chart") if e.is_displayed()])
     assert charts[0].get_attribute("aria-label") == "reward"

@@ -46,23 +46,36 @@ PANELS: list[tuple[str, list[str] | str]] = [
     ("learning rate", ["lr"]),
 ]
 SKIP_CURVES = {"step", "epoch"}
+#: what a training run's page opens on, before its settings: is it learning, are its groups informative,
+#: is it behaving, how long a step takes (an SFT run: its loss)
+HEADLINE = ("reward", "groups all correct / all wrong", "faults / violations per episode", "loss", "seconds per step")
 
 
-def charts(metrics: list[dict[str, Any]]) -> list[str]:
-    """SVG charts of every numeric metric over steps (known panels first)."""
+def charts(metrics: list[dict[str, Any]], only: tuple[str, ...] | None = None) -> list[str]:
+    """SVG charts of every numeric metric over steps (known panels first); ``only``: just those panels (by
+    title; a GRPO run shows the loss among its other curves, an SFT run has little else)."""
     if not metrics:
         return []
+    if only is not None:
+        panels = [(title, keys) for title, keys in PANELS if title in only]
+        if "reward" in {k for m in metrics for k in m}:
+            panels = [(title, keys) for title, keys in panels if title != "loss"]
+        return _charts(metrics, panels, rest=False)
+    return _charts(metrics, PANELS, rest=True)
+
+
+def _charts(metrics: list[dict[str, Any]], panels: list[tuple[str, list[str] | str]], rest: bool) -> list[str]:
     x = [float(m.get("step", n + 1)) for n, m in enumerate(metrics)]
     numeric = [k for k in dict.fromkeys(k for m in metrics for k in m)
                if k not in SKIP_CURVES and any(_is_num(m.get(k)) for m in metrics)]
     out, used = [], set()
-    for title, keys in PANELS:
+    for title, keys in panels:
         present = ([k for k in numeric if k.startswith(keys)] if isinstance(keys, str)
                    else [k for k in keys if k in numeric])
         if present:
             used.update(present)
             out.append(line_chart(title, x, {k: [_num(m.get(k)) for m in metrics] for k in present}))
-    for key in numeric:
+    for key in numeric if rest else []:
         if key not in used:
             out.append(line_chart(key, x, {key: [_num(m.get(key)) for m in metrics]}))
     return out
@@ -183,8 +196,14 @@ def render(run: rd.Run, tokenizer: Any | None = None, tokenizer_name: str = "", 
     encoding, text = encode_blob(blob, compress)
     sections = []
     ov = blob["overview"]
-    overview_html = [f"<h2>run</h2><p class='path'>{escape(str(run.path))}</p>",
-                     "<p>files: " + ", ".join(f"<code>{escape(f)}</code>" for f in run.files) + "</p>"]
+    # the run's story first: a training run's headline curves and its settings; the file list last
+    overview_html = [f"<h2>run</h2><p class='path'>{escape(str(run.path))}</p>"]
+    if run.metrics:
+        overview_html.append('<div class="charts" id="headline">' + "".join(charts(run.metrics, HEADLINE))
+                             + f'</div><p><a href="#training" data-tab="training">every curve ({len(run.metrics)} '
+                             "steps)</a></p>")
+    if run.config and not run.results:  # an eval's config is in its results
+        overview_html.append("<h3>settings (config.json)</h3>" + key_value_table(run.config))
     if ov["trajectories"]:
         overview_html.append(key_value_table(ov))
     if run.summary:
@@ -192,14 +211,11 @@ def render(run: rd.Run, tokenizer: Any | None = None, tokenizer_name: str = "", 
     if run.warnings:
         overview_html.append('<h3>warnings</h3><ul class="warnings">'
                              + "".join(f"<li>{escape(w)}</li>" for w in run.warnings) + "</ul>")
+    overview_html.append("<h3>files</h3><p>" + ", ".join(f"<code>{escape(f)}</code>" for f in run.files) + "</p>")
     sections.append(("overview", "overview", "".join(overview_html)))
     if run.metrics:
-        body = '<div class="charts">' + "".join(charts(run.metrics)) + "</div>"
-        if run.config:
-            body += "<h3>config.json</h3>" + key_value_table(run.config)
-        sections.append(("training", f"training ({len(run.metrics)} steps)", body))
-    elif run.config and not run.results:  # an eval's config is in its results; otherwise show it here
-        sections[0] = ("overview", "overview", sections[0][2] + "<h3>config.json</h3>" + key_value_table(run.config))
+        sections.append(("training", f"training ({len(run.metrics)} steps)",
+                         '<div class="charts">' + "".join(charts(run.metrics)) + "</div>"))
     if run.results:
         sections.append(("evaluation", "evaluation", eval_section(run.results)))
     if ov["trajectories"]:
