@@ -29,6 +29,7 @@ from muarl.types import Trajectory
 browser = viewer_browser.browser  # headless Chromium, as the viewer's browser test starts it
 _assert_screenshot, _css, _wait = viewer_browser._assert_screenshot, viewer_browser._css, viewer_browser._wait
 _no_console_errors = viewer_browser._no_console_errors
+assert_local_links_resolve = viewer_browser.assert_local_links_resolve
 pytestmark = pytest.mark.slow
 
 
@@ -124,15 +125,6 @@ def assert_plots_drawn(driver, count: int) -> None:
     for img in images:
         assert img.get_attribute("src").startswith("data:image/png;base64,") and img.get_attribute("alt")
         assert driver.execute_script("return arguments[0].naturalWidth", img) > 100
-
-
-def assert_local_links_resolve(driver) -> None:
-    """Every link of the open page to a local file names one that exists (the fragment aside)."""
-    from urllib.parse import unquote, urlparse
-
-    hrefs = driver.execute_script("return [...document.links].map(a => a.href)")
-    local = [Path(unquote(urlparse(h).path)) for h in hrefs if h.startswith("file:")]
-    assert [p for p in local if not p.exists()] == [], local
 
 
 def assert_comparison_page(driver, page: Path) -> dict:

@@ -290,5 +290,11 @@ def test_an_update_that_trained_nothing_logs_no_loss_entropy_or_grad_norm(coin_b
         assert (absent <= stats.keys()) == computed and (absent & stats.keys() == set()) != computed, stats
         reasons.append(untrained(stats, np.array([True]), [[False] * len(batch)]))
     assert "no sequence carried a gradient" in reasons[0] and reasons[1] is None
+    # the viewer's curves: the untrained step has no point (a 0 would draw one at the bottom)
+    from muarl.report.html import charts
+
+    chart = next(c for c in charts([{"step": 1, "reward": 0.5, **stats}, {"step": 2, "reward": 0.5}])
+                 if 'aria-label="entropy"' in c)
+    assert chart.count("<circle") == 1
     assert "no informative group" in untrained({}, np.array([False, False]), [[False], [False]])
     assert "masked" in untrained({}, np.array([True, False]), [[True, True], [False, False]])

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import viewer_runs
+from conftest import run_muarl
 from muarl.report import build_report
 from muarl.report.tokens import find_tokenizer
 from muarl.types import Trajectory
@@ -68,6 +69,15 @@ def _wait(predicate, timeout: float = 15.0):
 def _open(driver, path: Path) -> None:
     driver.get(path.resolve().as_uri())
     _wait(lambda: driver.execute_script("return document.body.dataset.ready === '1'"))
+
+
+def assert_local_links_resolve(driver) -> None:
+    """Every link of the open page to a local file names one that exists (the fragment aside)."""
+    from urllib.parse import unquote, urlparse
+
+    hrefs = driver.execute_script("return [...document.links].map(a => a.href)")
+    local = [Path(unquote(urlparse(h).path)) for h in hrefs if h.startswith("file:")]
+    assert [p for p in local if not p.exists()] == [], local
 
 
 def _css(driver, selector: str):
@@ -190,4 +200,17 @@ def test_report_of_a_training_run_in_chromium(browser, training_run, tmp_path):
     stats = browser.find_element("css selector", ".token-stats").text
     assert f"{len(traj.token_ids)} tokens, {sum(traj.loss_mask)} with loss mask 1" in stats
     _assert_screenshot(browser, tmp_path / "tokens.png")
+    _no_console_errors(browser)
+
+
+def test_muarl_view_from_a_working_directory_through_a_symlink(browser, training_run, tmp_path):
+    """``muarl view`` as a user runs it: a relative run directory that is a symlink, the page written elsewhere;
+    the page opens on the run's curves and every local link resolves."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "grpo").symlink_to(training_run)
+    done = run_muarl("view", "runs/grpo", "--out", "pages/grpo.html", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _open(browser, tmp_path / "pages" / "grpo.html")
+    assert _wait(lambda: [e for e in _css(browser, "#sec-overview #headline svg.chart") if e.is_displayed()])
+    assert_local_links_resolve(browser)
     _no_console_errors(browser)
