@@ -18,7 +18,7 @@ from muarl.models import checkpoint_root
 from muarl.train.distributed import setup
 from muarl.train.grpo_config import preset
 from muarl.train.samplers import CopySampler, rollout_copy
-from muarl.train.sharded_init import load_sharded
+from muarl.train.sharded_init import empty_copy, load_sharded
 from muarl.train.sharding import gather_into, shard_rows
 
 
@@ -58,12 +58,16 @@ if __name__ == "__main__":
                     rollout_engine="vllm-server:http://127.0.0.1:9#m")
     copy = rollout_copy(server, dist)
     assert (copy is not None) == dist.main
-    full_tensor = DTensor.full_tensor
-    DTensor.full_tensor = no_all_gather
-    gather_into(model, copy, to_main=True, dist=dist)
-    DTensor.full_tensor = full_tensor
+    full_tensor, all_gather = DTensor.full_tensor, torch.distributed.all_gather
+    DTensor.full_tensor = torch.distributed.all_gather = no_all_gather
+    gather_into(model, copy, to_main=True)
+    DTensor.full_tensor, torch.distributed.all_gather = full_tensor, all_gather
     if copy is not None:
         same_as(copy, checkpoint)
+    # a copy in another dtype than the shards' (bfloat16 on GPUs) is filled through a buffer, cast
+    low = empty_copy(full, torch.bfloat16)
+    gather_into(model, low)
+    same_as(low, {name: tensor.to(torch.bfloat16) for name, tensor in checkpoint.items()})
     # muarl's engine: every rank samples from its own copy; released during the update, gathered again after
     sampler = CopySampler(full, model, rollout_copy(full, dist), tokenizer, dist)
     same_as(sampler.plain, checkpoint)

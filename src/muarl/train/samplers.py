@@ -194,7 +194,6 @@ class CopySampler:
     def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None):
         from muarl.train.weights import is_lora
 
-        self.dist = dist or Dist()
         self.to_main = config.rollout_engine.startswith(SERVER)
         self.lora = is_lora(model)
         self.releasable = not self.lora and not config.max_staleness  # an asynchronous stream samples on
@@ -208,7 +207,7 @@ class CopySampler:
 
         if self.released:
             self._allocate()
-        gather_into(model, self.plain, only_trainable=self.lora, to_main=self.to_main, dist=self.dist)
+        gather_into(model, self.plain, only_trainable=self.lora, to_main=self.to_main)
 
     def policy(self, seed: int) -> Policy:
         return self.inner.policy(seed)

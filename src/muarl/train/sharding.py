@@ -134,27 +134,25 @@ def grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(full() if full is not None else total)
 
 
-def gather_into(model: Any, plain: Any | None, only_trainable: bool = False, to_main: bool = False,
-                dist: Dist | None = None) -> None:
+def gather_into(model: Any, plain: Any | None, only_trainable: bool = False, to_main: bool = False) -> None:
     """Copy a sharded ``model``'s parameters, one at a time, into ``plain``, an unsharded model of the same
     architecture (None on ranks that only take part in the gathers). Every rank must call it: each
-    parameter is one collective. No rank ever holds more than ``plain`` and one gathered parameter.
-    ``only_trainable``: the parameters the optimizer updates (a LoRA run's adapter), the rest being
-    unchanged since ``plain`` was made. ``to_main``: only rank 0 of ``dist`` receives the parameters (a
-    gather, not an all-gather: the other ranks send their shards and hold no whole parameter at all)."""
+    parameter is one collective. The shards land in ``plain``'s own rows where its dtype and device are the
+    shards' (no whole temporary: a 152k-vocabulary embedding gathered through one cost every rank three
+    copies of it), else through one temporary per parameter. ``only_trainable``: the parameters the
+    optimizer updates (a LoRA run's adapter), the rest being unchanged since ``plain`` was made.
+    ``to_main``: only rank 0 receives the parameters (a gather, not an all-gather: the other ranks send
+    their shards and hold no whole parameter at all). The ranks are those of each parameter's own mesh."""
     targets = dict(plain.named_parameters()) if plain is not None else {}
     with torch.no_grad():
         for name, param in model.named_parameters():
             if only_trainable and not param.requires_grad:
                 continue
-            if to_main and dist is not None and hasattr(param, "to_local"):
-                full = _gather_to_main(param, dist)
-            else:
-                full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
-            if plain is not None and full is not None:
-                target = targets[name]
-                target.copy_(full.to(device=target.device, dtype=target.dtype))
-            del full
+            target = targets.get(name)
+            if hasattr(param, "to_local"):
+                _gather_rows(param, target, to_main)
+            elif target is not None:
+                target.copy_(param.detach().to(device=target.device, dtype=target.dtype))
 
 
 def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
@@ -166,18 +164,36 @@ def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
     return start, min(start + chunk, full_rows)
 
 
-def _gather_to_main(param: Any, dist: Dist) -> torch.Tensor | None:
-    """A dim-0 sharded parameter whole on rank 0, None elsewhere. The shards are padded to rank 0's rows
-    (the longest, :func:`shard_rows`) for the collective and trimmed after."""
+def _gather_rows(param: Any, target: torch.Tensor | None, to_main: bool) -> None:
+    """Every rank's rows of the dim-0 sharded ``param`` into ``target`` (on every rank, or on rank 0 only
+    with ``to_main``; None where nothing is received). Each rank sends its rows padded to one chunk (the
+    collectives want equal sizes); a rank's rows go straight into ``target`` where they fill a whole chunk
+    of the same dtype and device, else through a chunk-sized buffer copied in after."""
     local = param.to_local().detach()
-    if dist.world == 1:
-        return local
-    chunk = shard_rows(param.shape[0], 0, dist.world)[1]
-    padded = local.new_zeros((chunk, *local.shape[1:]))
-    padded[:local.shape[0]] = local
-    pieces = [torch.empty_like(padded) for _ in range(dist.world)] if dist.main else None
-    torch.distributed.gather(padded, pieces, dst=0)
-    return torch.cat(pieces)[:param.shape[0]] if pieces is not None else None
+    mesh = param.device_mesh
+    rows, world, main = param.shape[0], mesh.size(), mesh.get_local_rank() == 0
+    chunk = shard_rows(rows, 0, world)[1]
+    if local.shape[0] < chunk:
+        padded = local.new_zeros((chunk, *local.shape[1:]))
+        padded[:local.shape[0]] = local
+        local = padded
+    receives = target is not None and (main or not to_main)
+    direct = receives and target.dtype == local.dtype and target.device == local.device
+    spans = [shard_rows(rows, r, world) for r in range(world)]
+    pieces = [target[s:e] if direct and e - s == chunk else torch.empty_like(local) for s, e in spans] \
+        if receives else None
+    if world == 1:
+        if pieces is not None:
+            pieces[0].copy_(local)
+    elif to_main:
+        torch.distributed.gather(local, pieces if main else None, group=mesh.get_group(), group_dst=0)
+    else:
+        torch.distributed.all_gather(pieces if pieces is not None else [torch.empty_like(local) for _ in spans],
+                                     local, group=mesh.get_group())
+    if pieces is not None:
+        for (s, e), piece in zip(spans, pieces, strict=True):
+            if e > s and piece.data_ptr() != target[s:e].data_ptr():
+                target[s:e].copy_(piece[:e - s])
 
 
 def _options() -> Any:
