@@ -17,8 +17,9 @@ from torch.distributed.tensor import DTensor
 from muarl.models import checkpoint_root
 from muarl.train.distributed import setup
 from muarl.train.grpo_config import preset
+from muarl.train.meta_models import empty_copy
 from muarl.train.samplers import CopySampler, rollout_copy
-from muarl.train.sharded_init import empty_copy, load_sharded
+from muarl.train.sharded_init import load_sharded
 from muarl.train.sharding import gather_into, shard_rows
 
 

@@ -7,7 +7,8 @@ instead builds the architecture with its parameters on the meta device (no memor
 its shards only, and fills them with its own rows read from the checkpoint's safetensors files (dim-0
 slices, the way FSDP2 cuts every parameter): each byte of the checkpoint is read by one rank, and no rank
 ever holds more than its shards. The KL reference is built alike, frozen, in the dtype the sharded
-forwards compute in (bfloat16 on GPUs). The rollout copy of muarl's engine (:func:`empty_copy`) is the
+forwards compute in (bfloat16 on GPUs). The rollout copy of muarl's engine
+(:func:`muarl.train.meta_models.empty_copy`) is the
 architecture with uninitialised weights: what fills it is the gather from the shards, so the checkpoint is
 not read for it at all.
 
@@ -18,58 +19,14 @@ the plain path: load, then shard (:func:`muarl.train.sharding.shard_for_training
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from muarl.train.distributed import Dist
-from muarl.train.sharding import shard_rows
-
-INDEX = "model.safetensors.index.json"
-
-
-def checkpoint_files(root: Path) -> dict[str, Path]:
-    """Each tensor name of the checkpoint in ``root`` and the safetensors file that holds it ({} when the
-    checkpoint has no safetensors files: then it takes the plain path)."""
-    index = root / INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: root / file for name, file in weight_map.items()}
-    single = root / "model.safetensors"
-    if not single.is_file():
-        return {}
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as handle:
-        return dict.fromkeys(handle.keys(), single)
-
-
-def empty_model(root: Path, dtype: torch.dtype) -> Any:
-    """The causal LM of the checkpoint in ``root``, its parameters on the meta device (no memory) and its
-    buffers (rotary frequencies) computed as usual; its config and generation config the checkpoint's."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    config = AutoConfig.from_pretrained(root)
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.tie_weights()  # under init_empty_weights transformers leaves a tied output head untied
-    model.name_or_path = model.config._name_or_path = str(root)
-    if (root / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(root)
-    return model
-
-
-def materialize(model: Any, device: torch.device | str) -> None:
-    """Allocate ``model``'s meta parameters (its shards, when sharded) on ``device``, uninitialised, and keep
-    its buffers' values (``to_empty`` would leave them uninitialised too)."""
-    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-    model.to_empty(device=device)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            buffer.copy_(buffers[name])
+from muarl.train.meta_models import checkpoint_files, empty_model, materialize
+from muarl.train.sharding import mixed_precision, shard, shard_for_training, shard_rows
 
 
 def fill_shards(model: Any, files: dict[str, Path], dist: Dist) -> None:
@@ -116,8 +73,6 @@ def sharded_model(root: Path, dist: Dist, dtype: torch.dtype, bf16: bool, offloa
                   trainable: bool) -> Any:
     """The checkpoint in ``root`` built on meta, sharded over ``dist``, its shards filled from the files;
     frozen unless ``trainable``."""
-    from muarl.train.sharding import shard
-
     model = empty_model(root, dtype)
     model.requires_grad_(trainable)
     shard(model, dist, bf16=bf16, offload=offload)
@@ -134,7 +89,6 @@ def load_sharded(config: Any, dist: Dist, want_reference: bool = False) -> tuple
     from transformers import AutoTokenizer
 
     from muarl.models import tokenizer_dir
-    from muarl.train.sharding import mixed_precision, shard_for_training
     from muarl.train.weights import load_trainable
 
     root = loadable(config)
@@ -150,14 +104,3 @@ def load_sharded(config: Any, dist: Dist, want_reference: bool = False) -> tuple
                                   trainable=False)
     model.eval()
     return model, reference, AutoTokenizer.from_pretrained(tokenizer_dir(config.model))
-
-
-def empty_copy(config: Any, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Any:
-    """An unsharded model of ``config.model``'s architecture on ``device`` in ``dtype``, its weights
-    uninitialised (a gather from the shards fills them; nothing is read from the checkpoint)."""
-    from muarl.models import checkpoint_root
-
-    model = empty_model(checkpoint_root(config.model), dtype)
-    materialize(model, device)
-    model.tie_weights()  # to_empty gave the tied head and embeddings a parameter each
-    return model.eval().requires_grad_(False)

@@ -287,7 +287,7 @@ def plain_copy(config: Any, dtype: torch.dtype = torch.float32, device: torch.de
     """An unsharded model of the run's architecture for :func:`gather_into` to fill: full fine-tuning's
     uninitialised in ``dtype`` (every weight is gathered; the checkpoint is not read), LoRA's from
     ``config.model`` with a fresh adapter of the run's shape (only the adapter is gathered)."""
-    from muarl.train.sharded_init import empty_copy
+    from muarl.train.meta_models import empty_copy
     from muarl.train.weights import load_trainable
 
     if config.lora_r == 0:
