@@ -171,7 +171,9 @@ def _gather_rows(param: Any, target: torch.Tensor | None, to_main: bool) -> None
     of the same dtype and device, else through a chunk-sized buffer copied in after."""
     local = param.to_local().detach()
     mesh = param.device_mesh
-    rows, world, main = param.shape[0], mesh.size(), mesh.get_local_rank() == 0
+    rows, world = param.shape[0], mesh.size()
+    # a one-rank mesh asks no process group (an in-process vLLM engine re-registers the default one)
+    main = world == 1 or mesh.get_local_rank() == 0
     chunk = shard_rows(rows, 0, world)[1]
     if local.shape[0] < chunk:
         padded = local.new_zeros((chunk, *local.shape[1:]))
