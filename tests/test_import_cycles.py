@@ -142,3 +142,12 @@ def test_the_graph_sees_function_local_and_type_checking_imports(tmp_path) -> No
     assert cycles(graph) == [frozenset({"pkg.a", "pkg.sub.b", "pkg.sub.c"})]
     assert describe(cycles(graph)[0], graph) == \
         "{pkg.a, pkg.sub.b, pkg.sub.c}: pkg.a:1 -> pkg.sub.b; pkg.sub.b:2 -> pkg.sub.c; pkg.sub.c:3 -> pkg.a"
+
+
+def test_no_engine_imports_the_trainer() -> None:
+    """Inference does not know training (docs/architecture.md, "Orchestrator, trainer, inference"): no module
+    under ``policies/`` imports one under ``train/``, at any depth; the trainer hands an engine the weights."""
+    graph = import_graph()
+    arrows = [f"{a}:{line} -> {b}" for a, targets in sorted(graph.items()) if a.startswith("muarl.policies")
+              for b, line in sorted(targets.items()) if b == "muarl.train" or b.startswith("muarl.train.")]
+    assert not arrows, "engines importing the trainer:\n" + "\n".join(arrows)

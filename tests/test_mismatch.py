@@ -236,7 +236,7 @@ def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path
     vLLM engine falls asleep) and its sync (it wakes and takes the new weights), and every rollout sees
     synced weights. A recording wrapper around the real transformers sampler stands in for the engine:
     no sleeping engine can run here (tests/test_vllm.py drives vLLM's own sleep and wake on the CPU build)."""
-    from muarl.train import grpo as grpo_module
+    from muarl.train import orchestrator
     from muarl.train.grpo import train_grpo
     from muarl.train.grpo_config import preset
     from muarl.train.samplers import HFSampler
@@ -258,7 +258,7 @@ def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path
             events.append(("sync", weights(model)))
             return 0.0
 
-    monkeypatch.setattr(grpo_module, "make_sampler",
+    monkeypatch.setattr(orchestrator, "make_sampler",
                         lambda config, model, tokenizer, dist=None: Recording(model, tokenizer, config.temperature,
                                                                    config.max_new_tokens))
     config = preset("tiny", out=str(tmp_path / "run"), domain="train_fixtures:coin", steps=2, tasks_per_step=2,
@@ -276,7 +276,7 @@ def test_a_rollout_engine_on_other_weights_is_warned_once(tmp_path, monkeypatch,
     that did not happen) makes every step off-policy: the run says so once, in one line, and goes on. The
     other weights are real: muarl's own engine on a copy of the model with noised weights, never synced.
     A run whose engine is the trainer's model says nothing."""
-    from muarl.train import grpo as grpo_module
+    from muarl.train import orchestrator
     from muarl.train.grpo import train_grpo
     from muarl.train.grpo_config import preset
     from muarl.train.samplers import HFSampler
@@ -295,7 +295,7 @@ def test_a_rollout_engine_on_other_weights_is_warned_once(tmp_path, monkeypatch,
             p.add_(0.5 * p.std() * torch.randn(p.shape, generator=generator))
         return HFSampler(other, tokenizer, config.temperature, config.max_new_tokens)
 
-    monkeypatch.setattr(grpo_module, "make_sampler", elsewhere)
+    monkeypatch.setattr(orchestrator, "make_sampler", elsewhere)
     result = train_grpo(config(tmp_path / "other"), progress=False)
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if line.startswith("muarl: warning:")]

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from muarl.policies.vllm_engine import INSTALL_HINT, available
+from muarl.train.weights import merged_weights
 
 pytestmark = pytest.mark.skipif(not available(), reason=f"vLLM is not importable here. {INSTALL_HINT}")
 
@@ -428,7 +429,7 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
         model, _ = load("tiny")
         before = copy.deepcopy(model).requires_grad_(False)
         _grpo_step(model, before, good, bad)
-        policy.sync_weights(model)
+        policy.sync_weights(merged_weights(model))
         assert policy.engine.stats.weight_syncs == 1
         largest = _changed_as_the_trainer(policy, before, model, [good, bad])
         print(f"full sync: largest log-prob change {largest:.3f}")
@@ -444,7 +445,7 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
             for name, p in adapted.named_parameters():
                 if "lora_B" in name:
                     p.add_(0.05 * torch.randn_like(p))
-        policy.sync_weights(adapted)
+        policy.sync_weights(merged_weights(adapted))
         for traj in (good, bad):
             mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
             engine = _engine_scores(policy, traj.token_ids)[mask]
@@ -528,14 +529,14 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
         model, _ = load("tiny")
         start = copy.deepcopy(model).requires_grad_(False)
         _grpo_step(model, start, good, bad)
-        policy.sync_weights(model)
+        policy.sync_weights(merged_weights(model))
         assert policy.engine.stats.weight_syncs == 1
         largest = _changed_as_the_trainer(policy, start, model, [good, bad])
         for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
             trainer, engine = _recomputed(model, traj, 1.0)
             assert torch.allclose(trainer, engine, atol=TOLERANCE)
         # back to the starting weights: the server scores as the untouched model again
-        policy.sync_weights(start)
+        policy.sync_weights(merged_weights(start))
         for traj in (good, bad):
             mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
             assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
@@ -799,7 +800,7 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
     import signal
 
     from muarl.faults import AllEpisodesFaulted
-    from muarl.train import grpo as grpo_module
+    from muarl.train import orchestrator
     from muarl.train.grpo import train_grpo
     from muarl.train.grpo_config import preset
     from muarl.train.samplers import EngineFailed
@@ -842,9 +843,9 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
     try:
         # 1. killed during step 2's episodes: every episode faults, the run says so
         proc, url = launch()
-        make_user = grpo_module.make_user
+        make_user = orchestrator.make_user
         with monkeypatch.context() as patch:
-            patch.setattr(grpo_module, "make_user", lambda *a, **k: KillWhenSaved(
+            patch.setattr(orchestrator, "make_user", lambda *a, **k: KillWhenSaved(
                 make_user(*a, **k), lambda: _stop_server(proc, signal.SIGKILL)))
             with pytest.raises(AllEpisodesFaulted) as stopped:
                 train_grpo(config(url), progress=False)
@@ -855,7 +856,7 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
 
         # 2. killed between step 2's update and its sync: the sync fails, the run says so
         proc, url = launch()
-        make_sampler = grpo_module.make_sampler
+        make_sampler = orchestrator.make_sampler
 
         def killing_sampler(*args):
             sampler = make_sampler(*args)
@@ -870,7 +871,7 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_a_restarted_one_resume
             return sampler
 
         with monkeypatch.context() as patch:
-            patch.setattr(grpo_module, "make_sampler", killing_sampler)
+            patch.setattr(orchestrator, "make_sampler", killing_sampler)
             with pytest.raises(EngineFailed, match="could not take the updated weights") as stopped:
                 train_grpo(config(url), progress=False)
         print(stopped.value)
@@ -939,7 +940,7 @@ def _restore(url: str) -> None:
 
     policy = _server_policy(url)
     try:
-        policy.sync_weights(load("tiny")[0])
+        policy.sync_weights(merged_weights(load("tiny")[0]))
     finally:
         policy.close()
 
@@ -995,7 +996,7 @@ def test_one_of_two_servers_killed_mid_run_stops_it_in_one_line_naming_it_and_a_
     import json
     import signal
 
-    from muarl.train import grpo as grpo_module
+    from muarl.train import orchestrator
     from muarl.train.grpo import train_grpo
     from muarl.train.grpo_config import preset
     from muarl.train.samplers import EngineFailed
@@ -1029,9 +1030,9 @@ def test_one_of_two_servers_killed_mid_run_stops_it_in_one_line_naming_it_and_a_
             return self.inner.session(task, seed)
 
     second = f"{second_server.url}/v1#tiny"
-    make_user = grpo_module.make_user
+    make_user = orchestrator.make_user
     with monkeypatch.context() as patch:
-        patch.setattr(grpo_module, "make_user", lambda *a, **k: KillWhenSaved(make_user(*a, **k)))
+        patch.setattr(orchestrator, "make_user", lambda *a, **k: KillWhenSaved(make_user(*a, **k)))
         with pytest.raises(EngineFailed) as stopped:
             train_grpo(config(first, second), progress=False)
     message = str(stopped.value)

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from muarl.cli import config_file
+
 #: the commands' modules, in the order ``muarl --help`` lists them
 COMMANDS = ("domains", "gold", "rollout", "synth", "sft", "grpo", "init_model", "demo", "ablate", "pretrain", "eval",
             "compare", "chat", "view", "serve_mcp", "mcp_tools")
@@ -40,6 +42,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             if any(action.dest == "domain" for action in p._actions):
                 data_dir(p)  # every command that takes a domain, a new one too
+            if module.NAME in config_file.TAKES_CONFIG:
+                config_file.add_option(p)
     return parser
 
 
@@ -48,7 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     put_cwd_on_path()  # module:attr from the current directory, for the console script as for python -m
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(only=argv[0] if argv else "").parse_args(argv)
+    command = argv[0] if argv else ""
+    parser = build_parser(only=command)
+    path = config_file.config_path(argv) if command in config_file.TAKES_CONFIG else None
+    if path is not None:  # before parsing: the file's options are the command's defaults, flags win
+        try:
+            config_file.apply(config_file.subparser(parser, command), path, command)
+        except (FileNotFoundError, ValueError) as err:
+            return _error(err, 2)
+    args = parser.parse_args(argv)
     from muarl.domain import data_option
     from muarl.factory import SpecError
     from muarl.faults import RunFailed

@@ -7,8 +7,10 @@ call to :meth:`PolicySession.next` passes only the messages that are new since t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,3 +80,11 @@ class Policy(ABC):
         """What this policy is, for the record in every results file (:mod:`muarl.provenance`): its name,
         and in a model backend the model it runs, so that two results can be told apart by it."""
         return {"name": self.name}
+
+    @contextlib.contextmanager
+    def swapping_weights(self) -> Iterator[None]:
+        """Held while the weights this policy samples from change under it (asynchronous GRPO swaps them
+        while episodes are in flight): no forward pass runs meanwhile, and what was computed from the old
+        weights is dropped before the next. A policy whose weights move only through its own sync calls
+        (an engine or server that holds its own) has nothing to hold or drop."""
+        yield

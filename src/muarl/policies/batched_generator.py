@@ -20,7 +20,7 @@ turns token ids into sampled token ids and their log-probs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,9 +154,9 @@ class BatchedGenerator:
         #: the system turn every episode of a domain opens with (policy + tool schemas: most of a prompt),
         #: computed once and attended to by all rows at once; the first opening request sets it
         self.prefix: SharedPrefix | None = None
-        #: held around each pass of the model (admission prefill, decode step): asynchronous GRPO swaps the
-        #: weights under it, between two passes (muarl.train.async_rollouts)
-        self.lock: Any = contextlib.nullcontext()
+        #: held around each pass of the model (admission prefill, decode step), and by whoever changes the
+        #: model's weights while it samples (:meth:`muarl.policies.hf.HFPolicy.swapping_weights`)
+        self.lock = threading.Lock()
         use_kernel(model, SHARED_PREFIX)
 
     @property

@@ -9,6 +9,8 @@ tool calls.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +55,14 @@ class HFPolicy(Policy):
         self._sessions = 0
         stop = ChatFormat(self.tokenizer, []).stop_ids
         self.engine = BatchedGenerator(self.model, stop, temperature, top_p, max_batch)
+
+    @contextlib.contextmanager
+    def swapping_weights(self) -> Iterator[None]:
+        """The model's weights change while episodes are in flight: between two passes of the engine (its
+        lock), and the shared opening's cached KV recomputed with the new weights before the next."""
+        with self.engine.lock:
+            yield
+            self.weights_updated()
 
     def weights_updated(self) -> None:
         """Call after changing the model's weights (a training step): the shared opening's cached KV is

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,11 +101,11 @@ class VLLMPolicy(Policy):
         return VLLMSession(self, self.chat_format(domain), episode_seed(self.seed, task.id, which) >> 2)
 
     # -- weight sync ----------------------------------------------------------------------------------
-    def sync_weights(self, model: Any) -> None:
-        """Push a trained causal LM's full weights into the running engine (after a full fine-tuning
-        step). A peft model is merged first (base + B A scaling), without touching the trainer's copy:
-        the route for LoRA where the engine cannot serve adapters."""
-        self.engine.load_weights(merged_weights(model))
+    def sync_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Push full weights, (HF name, tensor) pairs, into the running engine (after a full fine-tuning
+        step). The trainer hands them over (:func:`muarl.train.weights.merged_weights`: a LoRA model merged
+        into its base, the route where the engine cannot serve adapters); the engine knows no trainer."""
+        self.engine.load_weights(weights)
 
     def sync_lora(self, model: Any) -> None:
         """Save a peft model's adapter and (re)load it into the engine in place; later turns sample with
@@ -115,9 +116,6 @@ class VLLMPolicy(Policy):
         request = self.engine.lora_request(LORA_NAME, LORA_ID, self._lora_dir.name)
         self.engine.load_lora(request)
         self.lora = request
-
-    def weights_updated(self) -> None:
-        """The HF backend's hook after a training step; here weights move only through the sync methods."""
 
     def close(self) -> None:
         """Shut the engine down (frees its KV cache)."""
@@ -137,39 +135,6 @@ def served_adapter(model: str | Path) -> tuple[Path | None, Path | None]:
         raise ValueError(f"{model} is a LoRA adapter trained on another adapter ({adapters[1]}); vLLM serves one "
                          "adapter on a whole checkpoint: evaluate it with hf:, or train from a merged model")
     return (adapters[0], root) if adapters else (None, None)
-
-
-def merged_weights(model: Any) -> list[tuple[str, Any]]:
-    """(HF name, tensor) of a causal LM's weights, a peft (LoRA) model's merged into its base, in the
-    names vLLM's ``load_weights`` expects (no peft prefixes). The trainer's model is left as it is."""
-    import torch
-
-    from muarl.train.weights import is_lora
-
-    if not is_lora(model):
-        return [(name, p.detach()) for name, p in model.state_dict().items()]
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    merged: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for module_name, module in base.named_modules():
-            if isinstance(module, LoraLayer):
-                prefix = f"{module_name}." if module_name else ""
-                weight = module.get_base_layer().weight.detach().clone()
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A:
-                        weight += module.get_delta_weight(adapter).to(weight.dtype)
-                merged[f"{prefix}weight"] = weight
-                bias = module.get_base_layer().bias
-                if bias is not None:
-                    merged[f"{prefix}bias"] = bias.detach()
-        for name, tensor in base.state_dict().items():
-            if "lora_" in name:
-                continue
-            clean = name.replace(".base_layer.", ".")
-            merged.setdefault(clean, tensor.detach())
-    return list(merged.items())
 
 
 class VLLMSession(PolicySession):

@@ -42,13 +42,14 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 
 from muarl.chat import ChatFormat
-from muarl.policies.vllm import LORA_NAME, VLLMPolicy, merged_weights
+from muarl.policies.vllm import LORA_NAME, VLLMPolicy
 from muarl.policies.vllm_engine import EngineStats, Generation, lora_rank_slot
 
 if TYPE_CHECKING:
@@ -309,10 +310,11 @@ class VLLMServerPolicy(VLLMPolicy):
             shutil.rmtree(previous, ignore_errors=True)
         self._loaded[kind] = path
 
-    def sync_weights(self, model: Any) -> None:
-        """Write a trained causal LM's full weights (a peft model merged first, the trainer's copy left
-        as it is) as safetensors to ``sync_dir`` and have the server reload them in place."""
-        path = self.write_sync(model, lora=False)
+    def sync_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Write full weights, (HF name, tensor) pairs the trainer hands over
+        (:func:`muarl.train.weights.merged_weights`), as safetensors to ``sync_dir`` and have the server
+        reload them in place."""
+        path = self.write_sync(weights, lora=False)
         self.load_sync(path, lora=False)
         self.synced(path, lora=False)
 
@@ -324,19 +326,19 @@ class VLLMServerPolicy(VLLMPolicy):
         self.synced(path, lora=True)
 
     # a sync in three parts, so that one write serves several servers (muarl.train.samplers.ServerSampler)
-    def write_sync(self, model: Any, lora: bool) -> Path:
-        """Write what a sync loads to a fresh directory of this policy's, and return it: ``lora``, a peft
-        model's adapter; else the full weights as safetensors (a peft model merged first, the trainer's
-        copy left as it is)."""
+    def write_sync(self, source: Any, lora: bool) -> Path:
+        """Write what a sync loads to a fresh directory of this policy's, and return it: ``lora``, the
+        adapter of ``source``, a peft model; else ``source``'s (HF name, tensor) pairs, the full weights,
+        as safetensors."""
         from safetensors.torch import save_file
 
         path = self._fresh_dir("lora" if lora else "weights")
         if lora:
-            model.save_pretrained(str(path))
+            source.save_pretrained(str(path))
             return path
         tensors: dict[str, Any] = {}
         seen: set[int] = set()
-        for name, tensor in merged_weights(model):
+        for name, tensor in source:
             tensor = tensor.detach().to("cpu").contiguous()
             if tensor.data_ptr() in seen:  # tied weights (embeddings and LM head): safetensors wants copies
                 tensor = tensor.clone()

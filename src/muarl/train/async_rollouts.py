@@ -12,14 +12,16 @@ hands them to the trainer as they finish (muarl's engine samples from a
   drops (and counts) any whose version is more than N updates behind its own;
 - the stream starts a group only while fewer than (updates so far + N + 1) steps' worth were started
   (AReaL's bound), so groups that finish in order are never too stale to use; a group the trainer drops
-  or discards (dynamic sampling) is replaced; with N = 0 ``train_grpo`` does not use the stream at all
-  (today's synchronous step); nor does it start groups that no remaining step will take;
+  or discards (dynamic sampling) is replaced; nor does it start groups that no remaining step will take;
+  with N = 0 a run plays in lockstep instead (:mod:`muarl.train.orchestrator`), and the stream at 0
+  would yield the same groups;
 - with muarl's engine, up to twice its batch of episodes in flight (N = 1), the batch's places go to the
   oldest group's turns first (:class:`OldestFirst`): the groups the trainer needs next finish as soon as
   in a synchronous step, and the next step's use the places those leave while they wait for users;
 - after each update the trainer pushes its weights into the sampler (:meth:`RolloutStream.sync`),
-  between two forward passes of muarl's engine (a lock it takes per pass) or two requests of a vLLM
-  engine (in process: it drains its batch first; a server: paused, reloaded, resumed): episodes in
+  between two forward passes of muarl's engine (its ``swapping_weights``: a lock it takes per pass) or
+  two requests of a vLLM engine (in process: it drains its batch first; a server: paused, reloaded,
+  resumed): episodes in
   flight go on with the new weights, and every token keeps the log-prob it was drawn with;
 - the update weighs each token by the truncated importance ratio of the trainer's pre-update log-probs
   to those behaviour log-probs (``--tis-cap``, 2 unless set), so stale tokens are corrected as the
@@ -159,10 +161,7 @@ class RolloutStream:
         self.budget = (staleness + 1) * per_step  # groups the stream may have started so far
         self.group_seed = group_seed
         self.policy = sampler.policy(policy_seed)  # one engine for the run: its batches mix groups
-        self.weights_lock = threading.Lock()
         engine = getattr(self.policy, "engine", None)
-        if engine is not None and hasattr(engine, "lock"):
-            engine.lock = self.weights_lock  # the engine's forward passes and the weight sync exclude each other
         self.cond = threading.Condition()
         self.finished: list[Finished] = []
         self.version = first_version  # updates the weights have had: a resumed run goes on counting
@@ -278,11 +277,8 @@ class RolloutStream:
         """The trainer's updated weights into the sampler, between two of its forward passes; the new
         version applies to groups started from now on. Returns the seconds it took (waiting included)."""
         began = time.perf_counter()
-        with self.weights_lock:
+        with self.policy.swapping_weights():  # between two forward passes; caches of the old weights dropped
             self.sampler.sync(model)
-            updated = getattr(self.policy, "weights_updated", None)
-            if updated is not None:
-                updated()  # cached KV of the shared system turn was computed with the old weights
         with self.cond:
             self.version += 1
             self.budget += self.per_step

@@ -9,19 +9,17 @@ is zeroed) instead of counting as failures.
 With DAPO dynamic sampling, groups whose members all scored alike are dropped and more tasks are played
 until ``tasks_per_step`` groups with a learning signal are found (or ``max_rollout_batches`` are spent).
 
-This module is the loop; each job it strings together lives in its own: the settings in
-:mod:`muarl.train.grpo_config`, the step's groups (collection, training reward, metrics, rollout files) in
-:mod:`muarl.train.groups`, scoring in :mod:`muarl.train.scoring`, the update in :mod:`muarl.train.grpo_update`,
-what plays the rollouts in :mod:`muarl.train.samplers` (asynchronously: :mod:`muarl.train.async_rollouts`).
+This module is the trainer's side of the loop (model, optimizer, advantages, update, logging, saving); each
+job it strings together lives in its own: the settings in :mod:`muarl.train.grpo_config`, what plays the
+episodes and hands over each step's groups in :mod:`muarl.train.orchestrator` (in lockstep, or streamed
+ahead of the trainer with ``--max-staleness``: one interface, no branch here), the step's metrics and
+rollout files in :mod:`muarl.train.groups`, scoring in :mod:`muarl.train.scoring`, the update in
+:mod:`muarl.train.grpo_update`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
-import random
 import sys
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -30,24 +28,20 @@ from rich.console import Console
 from muarl.algorithms import get_algorithm
 from muarl.algorithms.mismatch import mismatch_warning
 from muarl.domain import get_domain
-from muarl.factory import make_user
 from muarl.faults import require_unfaulted
 from muarl.provenance import domain_record
-from muarl.rollout import RolloutEngine
 from muarl.train import make_optimizer
-from muarl.train.async_rollouts import RolloutStream, take_step
 from muarl.train.distributed import setup
-from muarl.train.groups import collect_groups, rollout_metrics, step_seed, train_reward, write_rollouts
+from muarl.train.groups import rollout_metrics, write_rollouts
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.memory import peak_memory
+from muarl.train.orchestrator import check_rollouts, open_rollouts
 from muarl.train.run import open_run
-from muarl.train.samplers import CopySampler, check_rollout_engine, make_sampler, rollout_copy
 from muarl.train.sharded_init import load_sharded
 from muarl.train.sharding import resume_optimizer, save_result, save_step
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, trainable_parameters
-from muarl.types import Task, Trajectory
 
 
 def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
@@ -61,10 +55,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     """
     check_report_to(config.report_to)
     dist = setup(config.device, group=config.fsdp, offload=config.fsdp_offload)
-    if config.max_staleness and dist.world > 1:
-        raise ValueError("--max-staleness runs in one training process for now (its groups are played in a "
-                         "thread of the process)")
-    check_rollout_engine(config)  # no vLLM, no server: one line before the run directory exists
+    check_rollouts(config, dist)  # no vLLM, no server: one line before the run directory exists
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read
     run = open_run(config, dist, {"domain": domain_record(domain)})
@@ -74,13 +65,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
         model, reference, tokenizer = load_sharded(config, dist, want_reference=True)
     else:
         model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
-    # a sharded run, or an asynchronous one on muarl's engine (which samples from a model object), samples from
-    # a copy of the weights that follows them after every update; vLLM engines hold weights of their own
-    copied = config.fsdp or (config.max_staleness and config.rollout_engine == "hf")
-    plain = rollout_copy(config, dist) if config.fsdp else copy.deepcopy(model) if copied else None
     model.eval()
-    user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
-    episode = config.episode_config()  # as the paper trains: required outputs not graded
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,
                               kl_beta=config.kl_beta)
     optimizer = make_optimizer(trainable_parameters(model), config)
@@ -88,76 +73,50 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     if run.resume_from is not None:  # last: restores the random generators as they were at the save
         history = resume_optimizer(run.resume_from, dist, model, optimizer, config.fsdp)["metrics"]
     trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="grpo")
-    tasks = domain.tasks(config.split)
-    order = random.Random(config.seed).sample(tasks, len(tasks))
     console = Console() if progress and dist.main else None
-    sampler = (CopySampler(config, model, plain, tokenizer, dist) if copied  # servers: rank 0 pushes, all sample
-               else make_sampler(config, model, tokenizer, dist))
-    stream = None
+    # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
+    cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
+    rollouts = None
     try:
-        sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
-        # the data position: tasks played so far (each step's count is in its metrics, restored on resume)
-        cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
+        rollouts = open_rollouts(config, dist, domain, model, tokenizer, run.start_step, cursor,
+                                 progress=console is not None)
         warned = False
-        if config.max_staleness:  # --max-staleness: groups played in a thread of their own (async_rollouts)
-            stream = RolloutStream(sampler, domain, user, episode, config.group_size, order, cursor,
-                                   per_step=config.tasks_per_step, staleness=config.max_staleness,
-                                   group_seed=lambda position: step_seed(config.seed, position, 0),
-                                   policy_seed=step_seed(config.seed, run.start_step),
-                                   first_version=run.start_step).start()
         for step in range(run.start_step, config.steps):
-            began = time.perf_counter()
             model.eval()
-
-            def play(chosen: list[Task], batch_no: int, step: int = step) -> list[list[Trajectory]]:
-                policy = sampler.policy(step_seed(config.seed, step, batch_no))
-                engine = RolloutEngine(domain, policy, user, episode, group_size=config.group_size,
-                                       common_user_seed=True, seed=config.seed, progress=console is not None)
-                local = dist.share(chosen)
-                gathered = dist.gather(asyncio.run(engine.run(local)) if local else [])
-                return [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
-
-            before, asynchrony = cursor, {}
-            if stream is None:
-                groups, rewards, keep, cursor = collect_groups(play, order, cursor, config)
-            else:
-                groups, rewards, keep, cursor, asynchrony = take_step(stream, cursor, config, lambda t: train_reward(
-                    t, config.penalize_violations, config.violation_reward))
+            got = rollouts.next_step(step)
+            groups = got.groups
             require_unfaulted((t for g in groups for t in g), f"GRPO step {step + 1}")
-            rollout_s = time.perf_counter() - began
-            advantages = algorithm.advantages(rewards)
-            masked = [[(config.mask_sim_faults and bool(t.fault_kind))
-                       or (config.mask_truncated and t.stop_reason == "turn_token_limit") for t in group]
-                      for group in groups]
-            trained = [[bool(keep[g]) and bool(sum(t.loss_mask)) and not masked[g][m] for m, t in enumerate(group)]
-                       for g, group in enumerate(groups)]
+            advantages = algorithm.advantages(got.rewards)
+            trained = got.trained()
             batch = [(g, t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)
                      if trained[g][m]]
             stats, ref_s, update_s = {}, 0.0, 0.0
             if batch:
                 totals = (float(sum(sum(t.loss_mask) for _, t, _ in batch)), float(len(batch)))
                 share = [(t, a) for g, t, a in batch if g % dist.world == dist.rank]
-                sampler.release()  # --vllm-sleep: the engine's GPU memory goes to the update until the sync
+                rollouts.release()  # --vllm-sleep, a sharded run's copy: memory goes to the update until the sync
                 stats, ref_s, update_s = update_on_rollouts(model, reference, optimizer, algorithm, share, config,
                                                             dist, totals)
                 optimizer.zero_grad(set_to_none=True)  # no gradients held through the sync and the next rollouts
-                stats["sync_s"] = sampler.sync(model) if stream is None else stream.sync(model)
+                stats["sync_s"] = rollouts.sync(model)
                 warning = mismatch_warning(step + 1, stats.get("mismatch_kl", 0.0), stats.get("mismatch_outside", 0.0))
                 # asynchronous: the mismatch includes the policy's own lag (up to N updates), not only the engine's
-                if warning and dist.main and not warned and stream is None:  # once per run, not every step
+                if warning and dist.main and not warned and not rollouts.lagged:  # once per run, not every step
                     print(warning, file=sys.stderr)
                     warned = True
             if dist.main:
                 write_rollouts(run.out, step + 1, groups, advantages, trained)
             tokens = sum(len(t.token_ids) for g in groups for t in g)
-            record = {"step": step + 1, **rollout_metrics(groups, domain.general_tools), **stats, **asynchrony,
-                      "trained_sequences": len(batch), "tasks_played": cursor - before, "trained_groups": int(keep.sum()),
-                      "rollout_s": rollout_s, "reference_s": ref_s, "update_s": update_s,
-                      "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9), **peak_memory(dist)}
+            rollout_s = got.rollout_s
+            record = {"step": step + 1, **rollout_metrics(groups, domain.general_tools), **stats, **got.metrics,
+                      "trained_sequences": len(batch), "tasks_played": got.tasks_played,
+                      "trained_groups": int(got.keep.sum()), "rollout_s": rollout_s, "reference_s": ref_s,
+                      "update_s": update_s, "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9),
+                      **peak_memory(dist)}
             history.append(record)
             trackers.log(record, step + 1)
             if console is not None:
-                why = untrained(record, keep, masked)
+                why = untrained(record, got.keep, got.masked)
                 update = (f"nothing trained: {why}" if why else
                           f"loss {record['loss']:+.4f} kl {record.get('kl', 0.0):.4f} trained {len(batch)}")
                 console.print(f"[bold]grpo step {step + 1}/{config.steps}[/bold] reward {record['reward']:.3f} "
@@ -166,10 +125,9 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 save_step(run.out, step + 1, dist, model, optimizer, tokenizer, {"step": step + 1, "metrics": history},
                           config.fsdp, config.keep_checkpoints)
     finally:
-        if stream is not None:
-            stream.close()
         trackers.close()
-        sampler.close()
+        if rollouts is not None:
+            rollouts.close()
     checkpoint, model = save_result(run.out, model, tokenizer, config, dist)
     return {"steps": len(history), "checkpoint": str(checkpoint), "metrics": history, "model": model}
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import muarl
-from muarl.files import sha256_of
+from muarl.files import atomic_write, sha256_of
 from muarl.provenance import flatten, muarl_commit, package_version
 from muarl.train.checkpoint import checkpoints_dir, choose_resume, remove_partial, set_aside
 from muarl.train.distributed import Dist
@@ -160,11 +160,24 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
                              "remaining steps may differ slightly from an uninterrupted run's\n")
     if dist.main:
         (out / "config.json").write_text(json.dumps(asdict(config), indent=1) + "\n")
+        write_config_yaml(out / "config.yaml", config)
         if resume is None:
             (out / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
     dist.barrier()
     torch.manual_seed(config.seed)
     return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
+
+
+def write_config_yaml(path: Path, config: Any) -> None:
+    """The run's resolved settings, every field of its config, as the YAML that ``--config`` reads: the
+    same command with ``--config`` this file reruns the run (:mod:`muarl.cli.config_file`)."""
+    import yaml
+
+    fields = json.loads(json.dumps(asdict(config)))  # tuples as lists, paths as text: what the options take
+    command = type(config).__name__.removesuffix("Config").lower()  # GRPOConfig: muarl grpo
+    header = (f"# the resolved settings of the run in this directory; rerun it with\n"
+              f"#   muarl {command} --config {path} [--out ANOTHER_DIR]\n")
+    atomic_write(path, header + yaml.safe_dump(fields, sort_keys=False, default_flow_style=False))
 
 
 def provenance_record(config: Any, inputs: dict[str, Any]) -> dict[str, Any]:

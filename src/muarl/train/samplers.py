@@ -21,6 +21,7 @@ from muarl.faults import RunFailed
 from muarl.policies.base import Policy, PolicySession
 from muarl.train.distributed import Dist
 from muarl.train.engine_spec import SERVER, server_endpoints
+from muarl.train.weights import causal_lm, is_lora, merged_weights
 
 #: how many of the opening prompt's last positions :meth:`VLLMSampler.check` compares (the trainer builds
 #: a vocabulary-sized row of logits for each; the system turn of a tau2 domain is thousands of tokens)
@@ -54,8 +55,6 @@ class HFSampler:
 
     def policy(self, seed: int) -> Policy:
         from muarl.policies.hf import HFPolicy
-        from muarl.train.weights import causal_lm
-
         # a fresh policy per batch: its sampling generators depend on (seed, task, episode order) only, so a
         # resumed run samples what an uninterrupted one would have sampled
         return HFPolicy((causal_lm(self.model), self.tokenizer), temperature=self.temperature,
@@ -129,7 +128,7 @@ class VLLMSampler:
             if self.lora:
                 self.engine_policy.sync_lora(model)
             else:
-                self.engine_policy.sync_weights(model)
+                self.engine_policy.sync_weights(merged_weights(model))
         except RuntimeError as err:  # the server's ServerError, the in-process engine's errors
             raise EngineFailed(f"the rollout engine {self.engine_policy.name} could not take the updated weights "
                                f"({err}); rerun the command once it is back: the run resumes from its last "
@@ -192,8 +191,6 @@ class CopySampler:
     the update, and a LoRA run's copy keeps its base (which is never gathered)."""
 
     def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None):
-        from muarl.train.weights import is_lora
-
         self.to_main = config.rollout_engine.startswith(SERVER)
         self.lora = is_lora(model)
         self.releasable = not self.lora and not config.max_staleness  # an asynchronous stream samples on
@@ -308,7 +305,7 @@ class ServerSampler:
         shared filesystem when they run elsewhere), then load them into every server at the same time."""
         from concurrent.futures import ThreadPoolExecutor
 
-        path = self.policies[0].write_sync(model, self.lora)
+        path = self.policies[0].write_sync(model if self.lora else merged_weights(model), self.lora)
         with ThreadPoolExecutor(len(self.policies), thread_name_prefix="muarl-sync") as pool:
             loads = [pool.submit(policy.load_sync, path, self.lora) for policy in self.policies]
         failed = [(policy, load.exception()) for policy, load in zip(self.policies, loads, strict=True)

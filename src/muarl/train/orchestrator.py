@@ -1,0 +1,193 @@
+"""The orchestrator: what plays a GRPO run's episodes and hands the trainer one step of groups at a time.
+
+The trainer (:mod:`muarl.train.grpo`) sees one interface, a source of steps (:class:`Rollouts`):
+``next_step(step)`` returns the step's groups (:class:`StepRollouts`), ``release()`` comes before the
+update (an engine may give its memory to it), ``sync(model)`` after it (the new weights to whatever
+samples), ``close()`` at the end. Everything about how episodes are played lives here: the simulated
+user, the engine or servers and the copy of the weights they sample from, the task order and data
+position, the seeds, the refills of dynamic sampling, the staleness bound and the masks. Two sources:
+
+- :class:`Lockstep`: a step's tasks are played, then trained on, then the weights synced (the paper's
+  synchronous GRPO); under several training processes each plays its share of every step's groups;
+- :class:`Streamed`: groups are played in a thread of their own while the trainer updates, up to
+  ``max_staleness`` updates ahead (:mod:`muarl.train.async_rollouts`). At staleness 0 it yields the
+  lockstep source's groups (tests/test_orchestrator.py).
+
+:func:`open_rollouts` picks one (the only place that reads ``max_staleness`` to choose).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from muarl.factory import make_user
+from muarl.rollout import RolloutEngine
+from muarl.train.async_rollouts import RolloutStream, take_step
+from muarl.train.distributed import Dist
+from muarl.train.groups import collect_groups, step_seed, train_reward
+from muarl.train.grpo_config import GRPOConfig
+from muarl.train.samplers import CopySampler, Sampler, check_rollout_engine, make_sampler, rollout_copy
+from muarl.types import Task, Trajectory
+
+
+@dataclass
+class StepRollouts:
+    """One step's groups as the trainer takes them."""
+
+    groups: list[list[Trajectory]]
+    rewards: torch.Tensor  # [groups, group_size]: each episode's training reward (:func:`train_reward`)
+    keep: torch.Tensor  # [groups] bool: the groups the update keeps (dynamic sampling drops the rest)
+    masked: list[list[bool]]  # episodes left out of the gradient (simulator faults, truncation), by group
+    cursor: int  # the data position after this step: tasks played (or consumed) since the run began
+    tasks_played: int
+    rollout_s: float  # how long the trainer waited for them
+    metrics: dict[str, float] = field(default_factory=dict)  # the source's own (asynchrony)
+
+    def trained(self) -> list[list[bool]]:
+        """Which episodes the update trains on: a kept group's, unmasked, with agent tokens."""
+        return [[bool(self.keep[g]) and bool(sum(t.loss_mask)) and not self.masked[g][m] for m, t in enumerate(group)]
+                for g, group in enumerate(self.groups)]
+
+
+class Rollouts(Protocol):
+    """A source of steps (see the module's docstring)."""
+
+    #: whether the engine/trainer mismatch also measures the policy's own lag (groups played under older
+    #: weights), which a mismatch warning must not blame on the engine
+    lagged: bool
+
+    def next_step(self, step: int) -> StepRollouts: ...
+
+    def release(self) -> None: ...
+
+    def sync(self, model: Any) -> float: ...
+
+    def close(self) -> None: ...
+
+
+def masks(groups: list[list[Trajectory]], config: GRPOConfig) -> list[list[bool]]:
+    """The episodes left out of the gradient instead of counting as failures: a simulator's fault
+    (``mask_sim_faults``) and, with ``mask_truncated``, a turn cut at its token limit."""
+    return [[(config.mask_sim_faults and bool(t.fault_kind))
+             or (config.mask_truncated and t.stop_reason == "turn_token_limit") for t in group] for group in groups]
+
+
+class Lockstep:
+    """A step's groups played with the current weights, then handed over; the next step's after the sync.
+    Under several training processes every rank plays its share of each batch and all get every group."""
+
+    lagged = False
+
+    def __init__(self, sampler: Sampler, domain: Any, user: Any, episode: Any, order: list[Task], cursor: int,
+                 config: GRPOConfig, dist: Dist, progress: bool = False):
+        self.sampler, self.domain, self.user, self.episode = sampler, domain, user, episode
+        self.order, self.cursor, self.config, self.dist, self.progress = order, cursor, config, dist, progress
+
+    def _play(self, step: int, chosen: list[Task], batch_no: int) -> list[list[Trajectory]]:
+        config, dist = self.config, self.dist
+        policy = self.sampler.policy(step_seed(config.seed, step, batch_no))
+        engine = RolloutEngine(self.domain, policy, self.user, self.episode, group_size=config.group_size,
+                               common_user_seed=True, seed=config.seed, progress=self.progress)
+        local = dist.share(chosen)
+        gathered = dist.gather(asyncio.run(engine.run(local)) if local else [])
+        return [gathered[g % dist.world][g // dist.world] for g in range(len(chosen))]
+
+    def next_step(self, step: int) -> StepRollouts:
+        began, before = time.perf_counter(), self.cursor
+        groups, rewards, keep, self.cursor = collect_groups(
+            lambda chosen, batch_no: self._play(step, chosen, batch_no), self.order, self.cursor, self.config)
+        return StepRollouts(groups, rewards, keep, masks(groups, self.config), self.cursor, self.cursor - before,
+                            time.perf_counter() - began)
+
+    def release(self) -> None:
+        self.sampler.release()
+
+    def sync(self, model: Any) -> float:
+        return self.sampler.sync(model)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+class Streamed:
+    """Groups played in a thread of their own (:class:`~muarl.train.async_rollouts.RolloutStream`) on the
+    sampler's weights, at most ``config.max_staleness`` updates behind the trainer's; a step takes the
+    groups that finished first. One training process."""
+
+    lagged = True
+
+    def __init__(self, sampler: Sampler, domain: Any, user: Any, episode: Any, order: list[Task], cursor: int,
+                 config: GRPOConfig, start_step: int):
+        self.sampler, self.config, self.cursor = sampler, config, cursor
+        # a group's user seeds are the lockstep source's (the run seed, the task, the member): a task met
+        # again in a later epoch meets the same user, whichever source plays it
+        self.stream = RolloutStream(sampler, domain, user, episode, config.group_size, order, cursor,
+                                    per_step=config.tasks_per_step, staleness=config.max_staleness,
+                                    group_seed=lambda position: config.seed,
+                                    policy_seed=step_seed(config.seed, start_step), first_version=start_step)
+        self.stream.start()
+
+    def next_step(self, step: int) -> StepRollouts:
+        began, before = time.perf_counter(), self.cursor
+        groups, rewards, keep, self.cursor, metrics = take_step(
+            self.stream, self.cursor, self.config,
+            lambda t: train_reward(t, self.config.penalize_violations, self.config.violation_reward))
+        return StepRollouts(groups, rewards, keep, masks(groups, self.config), self.cursor, self.cursor - before,
+                            time.perf_counter() - began, metrics)
+
+    def release(self) -> None:
+        self.sampler.release()
+
+    def sync(self, model: Any) -> float:
+        return self.stream.sync(model)
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            self.sampler.close()
+
+
+def check_rollouts(config: GRPOConfig, dist: Dist) -> None:
+    """What can be refused before a run directory exists: an engine that is not installed or a server
+    not given, asynchrony across training processes."""
+    if config.max_staleness and dist.world > 1:
+        raise ValueError("--max-staleness runs in one training process for now (its groups are played in a "
+                         "thread of the process)")
+    check_rollout_engine(config)
+
+
+def open_rollouts(config: GRPOConfig, dist: Dist, domain: Any, model: Any, tokenizer: Any, start_step: int,
+                  cursor: int, progress: bool = False) -> Lockstep | Streamed:
+    """The run's source of steps, its engine checked against ``model``'s weights: the user
+    ``config.user``, the engine ``config.rollout_engine`` (on a copy of the weights where it cannot sample
+    from the trainer's model object: a sharded run's, an asynchronous run's on muarl's engine), the
+    training split in the run seed's order from ``cursor`` on (the data position: tasks played so far)."""
+    user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
+    episode = config.episode_config()  # as the paper trains: required outputs not graded
+    tasks = domain.tasks(config.split)
+    order = random.Random(config.seed).sample(tasks, len(tasks))
+    # a sharded run, or an asynchronous one on muarl's engine (which samples from a model object), samples
+    # from a copy of the weights that follows them after every update; vLLM engines hold weights of their own
+    if config.fsdp:
+        sampler: Sampler = CopySampler(config, model, rollout_copy(config, dist), tokenizer, dist)
+    elif config.max_staleness and config.rollout_engine == "hf":
+        sampler = CopySampler(config, model, copy.deepcopy(model), tokenizer, dist)
+    else:
+        sampler = make_sampler(config, model, tokenizer, dist)
+    try:
+        sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
+    except BaseException:
+        sampler.close()
+        raise
+    if config.max_staleness:
+        return Streamed(sampler, domain, user, episode, order, cursor, config, start_step)
+    return Lockstep(sampler, domain, user, episode, order, cursor, config, dist, progress=progress)
+
