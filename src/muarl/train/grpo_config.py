@@ -7,7 +7,7 @@ naming the option, rather than as a tensor error mid-step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig
@@ -101,11 +101,11 @@ class GRPOConfig(RunSettings):
         "help": "optimizer steps on each step's rollouts (GRPO's mu); above 1 the rollouts are reused and the "
                 "clip bounds each step"})
     # truncated importance sampling against the rollout-training mismatch (muarl.algorithms.mismatch)
-    tis_cap: float = field(default=0.0, metadata={
+    tis_cap: float | None = field(default=None, metadata={
         "help": "truncated importance sampling against the rollout-training mismatch: ratio against the "
                 "trainer's pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 "
-                "is the published choice (0: off). The mismatch is logged either way (mismatch_kl, "
-                "mismatch_outside)", "metavar": "C"})
+                "is the published choice (0: off; unset: 2 with --max-staleness, else off). The mismatch is "
+                "logged either way (mismatch_kl, mismatch_outside)", "metavar": "C"})
     # asynchronous GRPO (muarl.train.async_rollouts): episodes keep being played while the trainer updates
     max_staleness: int = field(default=0, metadata={
         "help": "asynchronous rollouts: groups are played on the newest synced weights while the trainer "
@@ -150,12 +150,10 @@ class GRPOConfig(RunSettings):
         if self.violation_reward != 0.0 and not self.penalize_violations:
             raise ValueError("GRPO violation_reward applies only with penalize_violations "
                              "(--violation-reward needs --penalize-violations)")
-        if self.tis_cap < 0:
+        if self.tis_cap is not None and self.tis_cap < 0:
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
         if self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be 0 (synchronous) or more, not {self.max_staleness}")
-        if self.max_staleness and self.tis_cap == 0:
-            self.tis_cap = 2.0  # stale tokens are weighed by the truncated ratio to their behaviour log-probs
         if self.max_staleness and self.fsdp:
             raise ValueError("--max-staleness runs without --fsdp for now (one training process)")
         if self.max_staleness and self.vllm_sleep:
@@ -188,6 +186,24 @@ PRESETS: dict[str, GRPOConfig] = {
     "paper": GRPOConfig(),
     "tiny": GRPOConfig(steps=10, tasks_per_step=4, group_size=4, lr=1e-4, max_new_tokens=128, max_turns=12),
 }
+
+
+def derived(config: GRPOConfig) -> dict[str, Any]:
+    """The options left unset whose value follows from others (the only ones: a config never changes a
+    value it was given): ``tis_cap`` 2 with ``--max-staleness`` (stale tokens weighed by the truncated
+    ratio to their behaviour log-probs), else 0 (off)."""
+    found: dict[str, Any] = {}
+    if config.tis_cap is None:
+        found["tis_cap"] = 2.0 if config.max_staleness else 0.0
+    return found
+
+
+def resolved(config: GRPOConfig) -> tuple[GRPOConfig, dict[str, Any]]:
+    """The settings a run uses, and what :func:`derived` filled in: the one place where a GRPO run's
+    settings are completed (preset, config file and flags were merged before, :mod:`muarl.cli`); the run
+    records the result (``config.json``, ``config.yaml``) and says what was derived."""
+    filled = derived(config)
+    return (replace(config, **filled) if filled else config), filled
 
 
 def preset(name: str, **overrides: Any) -> GRPOConfig:
