@@ -98,6 +98,31 @@ def test_two_sharded_ranks_take_the_steps_of_one_unsharded_process(tmp_path, lor
         one = load_file(tmp_path / "grpo1" / "adapter" / "adapter_model.safetensors")
         two = load_file(tmp_path / "grpo2" / "adapter" / "adapter_model.safetensors")
         assert one.keys() == two.keys() and all(k.endswith(("lora_A.weight", "lora_B.weight")) for k in one)
+    _exports_equal_the_run(tmp_path, start, lora)
+
+
+def _exports_equal_the_run(tmp_path: Path, start: dict, lora: int) -> None:
+    """``muarl export``, one process, no launcher: the two-rank run's last step equals the run's own result
+    exactly and (full fine-tuning) its sharded step 1 equals the unsharded run's step-1 checkpoint, the
+    model both held then; the export loads as ``hf:``. A LoRA run exports its adapter and the merge."""
+    from muarl.models import load
+
+    for step in (1, 2):
+        _muarl(1, "export", str(tmp_path / "grpo2" / "checkpoints" / f"step_{step}"), "--out",
+               str(tmp_path / f"export{step}"))
+    if lora:
+        adapter = "adapter/adapter_model.safetensors"
+        last, run = load_file(tmp_path / "export2" / adapter), load_file(tmp_path / "grpo2" / adapter)
+        assert last.keys() == run.keys() and all((last[k] == run[k]).all() for k in run)
+        first = load_file(tmp_path / "export1" / adapter)  # a step of its own, not the last one again
+        assert first.keys() == run.keys() and any((first[k] != run[k]).any() for k in run)
+    else:
+        held = load_file(tmp_path / "grpo1" / "checkpoints" / "step_1" / "model" / "model.safetensors")
+        assert_same_step(start, held, load_file(tmp_path / "export1" / "model" / "model.safetensors"))
+        last, run = _weights(tmp_path / "export2"), _weights(tmp_path / "grpo2")
+        assert last.keys() == run.keys() and all((last[k] == run[k]).all() for k in run)
+    model, _ = load(tmp_path / "export1" / "model")
+    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from muarl.cli import config_file
 
 #: the commands' modules, in the order ``muarl --help`` lists them
 COMMANDS = ("domains", "gold", "rollout", "synth", "sft", "grpo", "init_model", "demo", "ablate", "pretrain", "eval",
-            "compare", "chat", "view", "serve_mcp", "mcp_tools")
+            "compare", "chat", "view", "export", "serve_mcp", "mcp_tools")
 
 
 def command_modules() -> list[ModuleType]:
