@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -37,6 +37,28 @@ T = TypeVar("T")
 USER_TIMEOUT_S, TOOL_TIMEOUT_S, AGENT_TIMEOUT_S = 120.0, 60.0, 600.0
 #: the command-line option that sets each side's limit, named in a timeout fault's message
 LIMIT_OPTIONS: dict[Side, str] = {"user": "--user-timeout", "policy": "--agent-timeout", "tool": "--tool-timeout"}
+
+
+@dataclass
+class EpisodeLimits:
+    """How long each party of an episode may take, and the LLM user's request limits: the options of every
+    command that plays episodes (eval, rollout, synth as options, grpo as fields of its config), defined
+    once here (:mod:`muarl.cli.config_options` makes the options). A party past its limit faults the episode
+    instead of hanging the run."""
+
+    user_timeout: float | None = field(default=USER_TIMEOUT_S, metadata={
+        "help": "time limit of one user turn (device actions included); past it the episode is a fault (0: no "
+                "limit)", "metavar": "SECONDS"})
+    agent_timeout: float | None = field(default=AGENT_TIMEOUT_S, metadata={
+        "help": "time limit of one agent turn; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+    tool_timeout: float | None = field(default=TOOL_TIMEOUT_S, metadata={
+        "help": "time limit of one tool call; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+    user_http_timeout: float | None = field(default=None, metadata={
+        "help": "llm: users: seconds one HTTP request to the user's endpoint may take before it is retried "
+                "(default: the LLM user's, 60)", "metavar": "SECONDS"})
+    user_max_tokens: int | None = field(default=None, metadata={
+        "help": "llm: users: the most tokens one user message may take (default: the server's limit, the "
+                "context; cap it for a user model that does not end its turns)", "metavar": "N"})
 
 
 @dataclass

@@ -67,24 +67,14 @@ def episode(p: argparse.ArgumentParser, temperature: float = 0.0) -> None:
 
 def limits(p: argparse.ArgumentParser) -> None:
     """``--user-timeout``, ``--agent-timeout``, ``--tool-timeout``, ``--user-http-timeout`` and
-    ``--user-max-tokens`` (eval, rollout, synth; grpo has them as config fields): a party that hits its limit
-    faults its episode instead of hanging the run; a user message that hits its token cap ends there.
-    The LLM user's two are None when left out: its own defaults apply."""
-    from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S
-    from muarl.users.llm import HTTP_TIMEOUT_S
+    ``--user-max-tokens`` (eval, rollout, synth; grpo has them as config fields): the fields of
+    :class:`~muarl.rollout.EpisodeLimits`, where they are defined once. A party that hits its limit faults
+    its episode instead of hanging the run; a user message that hits its token cap ends there. The LLM
+    user's two are None when left out: its own defaults apply."""
+    from muarl.cli.config_options import add_config_options
+    from muarl.rollout import EpisodeLimits
 
-    for flag, default, what in (("--user-timeout", USER_TIMEOUT_S, "one user turn (device actions included)"),
-                                ("--agent-timeout", AGENT_TIMEOUT_S, "one agent turn"),
-                                ("--tool-timeout", TOOL_TIMEOUT_S, "one tool call")):
-        p.add_argument(flag, type=float, default=default, metavar="SECONDS",
-                       help=f"time limit of {what}; past it the episode is a fault (default {default:g}; 0: "
-                            "no limit)")
-    p.add_argument("--user-http-timeout", type=float, metavar="SECONDS",
-                   help=f"llm: users: seconds one HTTP request to the user's endpoint may take before it is "
-                        f"retried (default {HTTP_TIMEOUT_S:g})")
-    p.add_argument("--user-max-tokens", type=int, metavar="N",
-                   help="llm: users: the most tokens one user message may take (default: the server's limit, "
-                        "the context; cap it for a user model that does not end its turns)")
+    add_config_options(p, EpisodeLimits, {"default": EpisodeLimits()})
 
 
 def training(p: argparse.ArgumentParser, cls: type, presets: dict[str, Any], required: tuple[str, ...]) -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from muarl.rollout import AGENT_TIMEOUT_S, TOOL_TIMEOUT_S, USER_TIMEOUT_S, EpisodeConfig
+from muarl.rollout import EpisodeConfig, EpisodeLimits
 from muarl.train import RunSettings, from_preset
 from muarl.train.engine_spec import SERVER, check_user_beside_policy, server_endpoints
 
 
 @dataclass
-class GRPOConfig(RunSettings):
+class GRPOConfig(RunSettings, EpisodeLimits):
     """GRPO settings; the defaults are the paper's released script (see :data:`PRESETS`)."""
 
     model: str = field(default="tiny", metadata={
@@ -55,20 +55,6 @@ class GRPOConfig(RunSettings):
                 "fill the update with groups that have a learning signal"})
     mask_sim_faults: bool = field(default=True, metadata={
         "help": "leave every faulted episode (user, policy, tool, timeouts: muarl.faults) out of the gradient"})
-    # time limits of one user turn, agent turn, tool call (seconds; None: none): a hit is a masked fault
-    user_timeout: float | None = field(default=USER_TIMEOUT_S, metadata={
-        "help": "time limit of one user turn (device actions included); past it the episode is a fault (0: no "
-                "limit)", "metavar": "SECONDS"})
-    agent_timeout: float | None = field(default=AGENT_TIMEOUT_S, metadata={
-        "help": "time limit of one agent turn; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
-    tool_timeout: float | None = field(default=TOOL_TIMEOUT_S, metadata={
-        "help": "time limit of one tool call; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
-    user_http_timeout: float | None = field(default=None, metadata={
-        "help": "llm: users: seconds one HTTP request to the user's endpoint may take before it is retried "
-                "(default: the LLM user's, 60)", "metavar": "SECONDS"})
-    user_max_tokens: int | None = field(default=None, metadata={
-        "help": "llm: users: the most tokens one user message may take (default: the server's limit)",
-        "metavar": "N"})
     penalize_violations: bool = field(default=False, metadata={
         "help": "train on --violation-reward for an episode that broke a policy rule, even if its database is "
                 "right (the paper's reward is the database alone; the CPU demo penalizes)"})

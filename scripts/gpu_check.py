@@ -1,0 +1,156 @@
+"""The GPU check (``scripts/gpu_check.sh``): what muarl does on one CUDA GPU, one line per stage, in minutes.
+
+Made for a lent machine with only PyTorch, transformers, peft and accelerate and no network: muarl runs
+from this checkout (``PYTHONPATH=src``), the model is random weights of a shipped Qwen3 shape
+(``benchmarks/grpo_step.py``'s ``qwen3-0.6b``, all 28 layers unless ``--layers``) saved with the shipped
+base's tokenizer, the domain is the built-in retail-lite with the scripted user. Stages:
+
+1. ``engine``: muarl's own rollout engine on CUDA (``muarl rollout --policy hf:...``): episodes, tokens/s;
+2. ``grpo-fsdp-bf16``: two GRPO steps under ``--fsdp`` with bf16 mixed precision on one rank (torchrun);
+3. ``sft-fsdp-bf16``: SFT under ``--fsdp`` with bf16 on expert conversations (``muarl synth``);
+4. ``grpo-fsdp-offload``: one GRPO step with ``--fsdp-offload`` (the process group gets a CPU backend);
+
+each printing its seconds per step, peak GPU memory (``peak_gpu_gb``) and peak resident memory. A stage that
+fails prints its last error lines and the check goes on. ``--device cpu`` runs the same stages on the CPU
+(a dry run of the script itself; slow at 28 layers: use ``--layers 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def missing_modules() -> list[str]:
+    needed = ("torch", "transformers", "peft", "accelerate", "safetensors", "pydantic", "rich", "openai", "mcp",
+              "yaml", "tensorboard", "matplotlib", "jsonschema")
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
+def make_checkpoint(directory: Path, layers: int) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from grpo_step import SHAPES
+    from muarl.models import base_path
+
+    config = Qwen3Config(**{**SHAPES["qwen3-0.6b"], "num_hidden_layers": layers}, tie_word_embeddings=True,
+                         max_position_embeddings=40960)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    shutil.rmtree(directory, ignore_errors=True)
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (base_path() / name).is_file():
+            shutil.copy(base_path() / name, directory / name)
+    return sum(p.numel() for p in model.parameters())
+
+
+def muarl(args: list[str], ranks: int = 0, timeout: int = 300) -> tuple[bool, str, float]:
+    """Run a muarl command (under torchrun when ``ranks``); (ok, the tail of its stderr, seconds)."""
+    launcher = [sys.executable, "-m", "muarl"] if not ranks else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), "-m", "muarl"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout} s", time.perf_counter() - began
+    tail = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[-4:])
+    return done.returncode == 0, tail, time.perf_counter() - began
+
+
+def step_line(name: str, out: Path, seconds: float) -> str:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    per_step = sum(r.get("rollout_s", 0) + r.get("reference_s", 0) + r.get("update_s", 0) for r in records) \
+        / len(records) if "rollout_s" in last else seconds / max(len(records), 1)
+    gpu = max((r.get("peak_gpu_gb", 0.0) for r in records), default=0.0)
+    rss = max((r.get("peak_rss_gb", 0.0) for r in records), default=0.0)
+    return (f"{name}: ok, {len(records)} steps, {per_step:.2f} s/step, peak_gpu_gb {gpu:.2f}, peak_rss_gb {rss:.2f}, "
+            f"{seconds:.0f} s in all")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=28, help="decoder layers of the random Qwen3-0.6B shape")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "muarl-gpu-check")
+    args = parser.parse_args()
+    lacking = missing_modules()
+    if lacking:
+        print(f"gpu_check: missing Python packages: {', '.join(lacking)} (pip install them, or run where they are)")
+        return 1
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible to torch (torch " + torch.__version__ + ")")
+        return 1
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none (cpu dry run)"
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30 if args.device == "cuda" else 0.0
+    print(f"gpu: {gpu}, {total:.0f} GiB; torch {torch.__version__}, CUDA {torch.version.cuda}")
+    work = args.dir
+    work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    count = make_checkpoint(work / "model", args.layers)
+    print(f"model: random Qwen3-0.6B shape, {args.layers} layers, {count / 1e6:.0f}M parameters "
+          f"({time.perf_counter() - began:.0f} s to build)")
+    model, device = str(work / "model"), args.device
+    common = ["--domain", "retail-lite", "--max-new-tokens", "64", "--max-turns", "6"]
+    failures = 0
+
+    out = work / "engine"
+    shutil.rmtree(out, ignore_errors=True)
+    ok, tail, seconds = muarl(["rollout", "--policy", f"hf:{model}", "--user", "scripted", "--limit", "8", "--n", "2",
+                               *common, "--out", str(out)])
+    if ok:
+        episodes = [json.loads(line) for line in next(out.glob("*.jsonl")).read_text().splitlines()]
+        tokens = sum(sum(e.get("loss_mask", [])) for e in episodes)
+        print(f"engine: ok, {len(episodes)} episodes, {tokens} sampled tokens, {tokens / seconds:.0f} tokens/s "
+              f"({seconds:.0f} s with start-up)")
+    else:
+        failures += 1
+        print(f"engine: FAILED ({tail})")
+
+    grpo = ["grpo", "--model", model, *common, "--tasks-per-step", "4", "--group-size", "4", "--kl-beta", "0.04",
+            "--micro-batch-size", "2", "--save-every", "0", "--report-to", "none", "--no-progress", "--device", device,
+            "--fsdp"]
+    stages = [("grpo-fsdp-bf16", [*grpo, "--steps", "2", "--bf16"]),
+              ("grpo-fsdp-offload", [*grpo, "--steps", "1", "--fsdp-offload"] + (["--bf16"] if device == "cuda" else []))]
+    synth = work / "synth"
+    shutil.rmtree(synth, ignore_errors=True)
+    ok, tail, _ = muarl(["synth", "--domain", "retail-lite", "--out", str(synth)])
+    if ok:
+        stages.insert(1, ("sft-fsdp-bf16", ["sft", "--model", model, "--data", str(synth / "sft.jsonl"), "--epochs",
+                                            "1", "--batch-size", "4", "--max-len", "4096", "--save-every", "0",
+                                            "--report-to", "none", "--no-progress", "--device", device, "--fsdp",
+                                            "--bf16"]))
+    else:
+        failures += 1
+        print(f"sft-fsdp-bf16: FAILED making its data ({tail})")
+    for name, command in stages:
+        out = work / name
+        shutil.rmtree(out, ignore_errors=True)
+        ok, tail, seconds = muarl([*command, "--out", str(out)], ranks=1, timeout=420)
+        if ok:
+            print(step_line(name, out, seconds))
+        else:
+            failures += 1
+            print(f"{name}: FAILED ({tail})")
+    print(f"gpu_check: {failures} stage(s) failed, {time.perf_counter() - began:.0f} s in all")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
