@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from muarl.files import atomic_write
 from muarl.report import data as rd
 from muarl.types import Trajectory
 
@@ -477,7 +478,4 @@ def build_comparison_report(report: Mapping[str, Any], out: str | Path) -> Path:
     target = Path(out)
     page = render_comparison(report, target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return atomic_write(target, page)
