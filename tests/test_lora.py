@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from muarl.train.grpo_config import GRPOConfig, preset
 from muarl.train.grpo_update import policy_update
 from muarl.train.scoring import batch_logprobs
 from muarl.train.weights import load_trainable, reference_mode, trainable_parameters
-from train_fixtures import sample_coin_batch
+from train_fixtures import LoraSettings, sample_coin_batch
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +22,9 @@ def coin_batch():
     return sample_coin_batch()
 
 
-@dataclass
-class _Lora:
-    model: str = "tiny"
-    lora_r: int = 4
-    lora_alpha: int = 8
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"
-
-
 def _adapted():
     torch.manual_seed(0)
-    model, reference, _ = load_trainable(_Lora(), "cpu", None, want_reference=True)
+    model, reference, _ = load_trainable(LoraSettings(), "cpu", None, want_reference=True)
     assert reference is None  # no second copy of the model
     with torch.no_grad():  # a trained-looking adapter (peft starts B at zero, which changes nothing)
         for name, p in model.named_parameters():

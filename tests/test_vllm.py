@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from muarl.policies.vllm_engine import INSTALL_HINT, available
 from muarl.train.weights import merged_weights
+from train_fixtures import LoraSettings
 
 pytestmark = pytest.mark.skipif(not available(), reason=f"vLLM is not importable here. {INSTALL_HINT}")
 
@@ -388,15 +388,6 @@ def _changed_as_the_trainer(policy, before_model, after_model, trajectories, lor
     return largest
 
 
-@dataclass
-class _Lora:
-    model: str = "tiny"
-    lora_r: int = 4
-    lora_alpha: int = 8
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"
-
-
 def _two_lora_steps(policy) -> tuple:
     """Two GRPO steps of a rank-4 adapter on the policy's own rollouts, the adapter synced after each and
     the engine checked against the trainer (:func:`_changed_as_the_trainer`); (model, largest change)."""
@@ -404,7 +395,7 @@ def _two_lora_steps(policy) -> tuple:
 
     good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
     torch.manual_seed(0)
-    model, _, _ = load_trainable(_Lora(), "cpu", None)
+    model, _, _ = load_trainable(LoraSettings(), "cpu", None)
     largest = 0.0
     for _ in range(2):
         before = copy.deepcopy(model).requires_grad_(False)
@@ -440,7 +431,7 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
             assert torch.allclose(trainer, engine, atol=TOLERANCE)
         # a LoRA model through the same route, merged (for engines started without LoRA support)
         torch.manual_seed(1)
-        adapted, _, _ = load_trainable(_Lora(), "cpu", None)
+        adapted, _, _ = load_trainable(LoraSettings(), "cpu", None)
         with torch.no_grad():
             for name, p in adapted.named_parameters():
                 if "lora_B" in name:

@@ -16,6 +16,17 @@ from muarl.domain import get_domain
 from muarl.types import Reward
 
 
+@dataclasses.dataclass
+class LoraSettings:
+    """The LoRA fields ``muarl.train.weights.load_trainable`` reads, for tests that build an adapted tiny
+    model without a whole run config."""
+
+    model: str = "tiny"
+    lora_r: int = 4
+    lora_alpha: int = 8
+    lora_dropout: float = 0.0
+    lora_targets: str = "all-linear"
+
 def _coin(domain, task, trajectory, env, require_outputs) -> Reward:
     sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
     win = sum(sampled) % 2 == 0
