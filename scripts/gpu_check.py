@@ -43,8 +43,9 @@ def make_checkpoint(directory: Path, layers: int) -> int:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from grpo_step import SHAPES
-    from muarl.models import base_path
+    from muarl.models import base_path, quiet_weight_bars
 
+    quiet_weight_bars()
     config = Qwen3Config(**{**SHAPES["qwen3-0.6b"], "num_hidden_layers": layers}, tie_word_embeddings=True,
                          max_position_embeddings=40960)
     torch.manual_seed(0)

@@ -187,3 +187,48 @@ def test_sharding_options_that_cannot_apply_are_refused_in_one_line(tmp_path):
     done = subprocess.run(_command(1, [*SFT, "--epochs", "2", "--data", str(data), "--out", str(out)]), env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "fsdp: True -> False" in done.stderr, done.stderr[-2000:]
+
+
+def _two_nodes(args: list[str], cwds: tuple[Path, Path]) -> list[subprocess.CompletedProcess]:
+    """One process per "node", two nodes on this machine: torchrun --nnodes 2 with a static rendezvous on
+    127.0.0.1, each launcher from its own working directory."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                               "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               "-m", "muarl", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for rank, cwd in enumerate(cwds)]
+    done = []
+    for node in nodes:
+        out, err = node.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(node.args, node.returncode, out, err))
+    return done
+
+
+@pytest.mark.slow
+def test_a_two_node_launch_takes_the_one_process_step_and_needs_a_shared_out(tmp_path):
+    """Two nodes of one process each (torchrun --nnodes 2 on 127.0.0.1), sharded: the GRPO steps of one
+    unsharded process (metrics and weights). With --out relative and each node launched from its own
+    directory, the second node cannot see the first's output directory: refused on both in one line that
+    names rank 1, before anything is loaded."""
+    steps = ["--steps", "2"]
+    _muarl(1, *GRPO, *steps, "--out", str(tmp_path / "one"))
+    done = _two_nodes([*GRPO, *steps, "--fsdp", "--out", str(tmp_path / "nodes")], (tmp_path, tmp_path))
+    assert all(d.returncode == 0 for d in done), [d.stderr[-2000:] for d in done]
+    _same_metrics(_metrics(tmp_path / "one"), _metrics(tmp_path / "nodes"),
+                  ("reward", "trained_sequences", "loss", "kl", "grad_norm", "entropy"))
+    assert_same_step(_start(), _weights(tmp_path / "one"), _weights(tmp_path / "nodes"))
+
+    apart = (tmp_path / "node0", tmp_path / "node1")
+    for cwd in apart:
+        cwd.mkdir()
+    done = _two_nodes([*GRPO, *steps, "--fsdp", "--out", "runs/x"], apart)
+    assert all(d.returncode != 0 for d in done)
+    for d in done:
+        said = [line for line in d.stderr.splitlines() if "cannot see --out" in line]
+        assert said and "rank 1 on" in said[0] and "rank 0" in said[0], d.stderr[-2000:]
+    assert not list((apart[0] / "runs" / "x").glob("checkpoints/*"))

@@ -125,6 +125,7 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
             set_aside(choice)
         if resume is None and mode is False and checkpoints_dir(out).exists():
             shutil.rmtree(checkpoints_dir(out))
+    check_shared_out(out, dist)
     if resume is not None and (out / "config.json").exists():
         current = asdict(config)
         # a field added to the config after the run was recorded had its default value then
@@ -166,6 +167,31 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
     dist.barrier()
     torch.manual_seed(config.seed)
     return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
+
+
+def check_shared_out(out: Path, dist: Dist) -> None:
+    """Every rank sees ``out`` (a run of several nodes needs it on storage they share: rank 0 writes the
+    results, every rank its checkpoint shards and reads the others' to resume), or one clear error on every
+    rank naming those that do not, before any weight is loaded. Rank 0 leaves a marker there; each rank looks
+    for it. A collective; nothing for one process."""
+    import socket
+    import uuid
+
+    if dist.world == 1:
+        return
+    marker = out / f".muarl-shared-{dist.gather(uuid.uuid4().hex if dist.main else None)[0]}"
+    if dist.main:
+        marker.write_text("")
+    dist.barrier()
+    seen = dist.gather((marker.is_file(), socket.gethostname()))
+    dist.barrier()
+    if dist.main:
+        marker.unlink(missing_ok=True)
+    blind = [f"rank {rank} on {host}" for rank, (found, host) in enumerate(seen) if not found]
+    if blind:
+        raise ValueError(f"{', '.join(blind)} cannot see --out {out} that rank 0 on {seen[0][1]} writes: a run of "
+                         "several nodes needs its output directory on storage every node shares (the same path "
+                         "on each)")
 
 
 def write_config_yaml(path: Path, config: Any) -> None:
