@@ -21,7 +21,8 @@ from muarl.train.run import open_run
 from train_fixtures import write_sft_data
 
 TESTS = Path(__file__).parent
-TIMING = ("rollout_s", "reference_s", "update_s", "tokens_per_s")
+# measured, not computed: what the machine did (seconds, resident memory), never equal across two runs
+TIMING = ("rollout_s", "reference_s", "update_s", "tokens_per_s", "peak_rss_gb", "peak_rss_gb_mean", "peak_gpu_gb")
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -224,3 +225,18 @@ def test_a_grpo_resume_whose_domain_data_changed_is_refused(tmp_path, monkeypatc
     assert main([*argv[:-3], "--steps", "2", *argv[-3:]]) == 2  # more steps: would resume, but the data moved
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "domain.data_sha256: aaaaaaaaaaaa... -> bbbbbbbbbbbb..." in err, err
+
+
+def test_each_rank_hashes_the_files_it_wrote():
+    """A sharded checkpoint's manifest: each rank hashes its own random state and shard files (no rank reads
+    the others' shards back), rank 0 the rest; the parts cover every file once."""
+    from muarl.train.checkpoint import writer
+
+    files = ["manifest_ignored", "model/model.safetensors", "rng_rank0.pt", "rng_rank1.pt", "rng_rank12.pt",
+             "shards/.metadata", "shards/__0_0.distcp", "shards/__1_0.distcp", "shards/__12_3.distcp",
+             "state.json", "trainer_state.pt"]
+    owners = {rel: writer(rel) for rel in files}
+    assert {rel for rel, rank in owners.items() if rank == 1} == {"rng_rank1.pt", "shards/__1_0.distcp"}
+    assert {rel for rel, rank in owners.items() if rank == 12} == {"rng_rank12.pt", "shards/__12_3.distcp"}
+    assert {rel for rel, rank in owners.items() if rank == 0} == set(files) - {
+        "rng_rank1.pt", "shards/__1_0.distcp", "rng_rank12.pt", "shards/__12_3.distcp"}

@@ -37,7 +37,7 @@ import torch
 from muarl.files import fsync_dir
 from muarl.train.diskspace import OutOfSpace, free_bytes, out_of_space, size_text, tree_size
 from muarl.train.distributed import Dist
-from muarl.train.manifest import STATE_KEY, check_checkpoint, write_manifest
+from muarl.train.manifest import STATE_KEY, check_checkpoint, file_digests, listed_files, write_manifest
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 #: where a damaged checkpoint is moved on resume (out of the ``step_N`` names that resume and pruning see)
@@ -182,9 +182,13 @@ def save_checkpoint(out: Path, step: int, dist: Dist, write_weights: Callable[[P
 
         _saving(out, step, tmp, write)
     dist.barrier()
+    # each rank hashes the files it wrote (its shards: no rank reads the whole checkpoint back), rank 0 the rest
+    mine = [rel for rel in listed_files(tmp) if writer(rel) == dist.rank]
+    digests = dist.gather(file_digests(tmp, mine))
     if not dist.main:
         return None
-    _saving(out, step, tmp, lambda: write_manifest(tmp))  # last: its presence means every file is complete
+    every = {rel: entry for part in digests for rel, entry in part.items()}
+    _saving(out, step, tmp, lambda: write_manifest(tmp, every))  # last: its presence means every file is complete
     final = root / f"step_{step}"
     if final.exists():  # a fresh run (resume off) reaching a step an older run also saved
         old = root / f".tmp-old-step_{step}"
@@ -197,6 +201,15 @@ def save_checkpoint(out: Path, step: int, dist: Dist, write_weights: Callable[[P
         for _, path in list_checkpoints(out)[:-keep]:
             shutil.rmtree(path, ignore_errors=True)
     return final
+
+
+def writer(rel: str) -> int:
+    """The rank that wrote a checkpoint file (its path relative to the checkpoint): its random state
+    (``rng_rank{R}.pt``) and its shard files (``shards/__{R}_{N}.distcp``, torch.distributed.checkpoint's
+    names) are rank R's; the rest (weights, trainer state, the shards' metadata) rank 0's."""
+    name = rel.rsplit("/", 1)[-1]
+    found = re.fullmatch(r"rng_rank(\d+)\.pt", name) or re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+    return int(found.group(1)) if found else 0
 
 
 def _saving(out: Path, step: int, tmp: Path, write: Callable[[], None]) -> None:

@@ -37,20 +37,33 @@ class Verdict:
     warning: str | None = None
 
 
-def write_manifest(directory: Path) -> None:
-    """Hash every file under ``directory`` (flushing each to disk), then write the manifest atomically.
+def listed_files(directory: Path) -> list[str]:
+    """The files under ``directory`` a manifest lists (relative, sorted): all but the manifest itself."""
+    found = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    return sorted(rel for rel in found if rel != MANIFEST and not rel.startswith(f".{MANIFEST}"))
+
+
+def file_digests(directory: Path, files: list[str]) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of each of ``files`` (relative to ``directory``), each flushed to disk first: on
+    disk before a manifest vouches for it. A sharded run's ranks each hash the files they wrote."""
+    digests: dict[str, dict[str, Any]] = {}
+    for rel in files:
+        path = directory / rel
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            digest = sha256_of(f)
+        digests[rel] = {"size": path.stat().st_size, "sha256": digest}
+    return digests
+
+
+def write_manifest(directory: Path, digests: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write the manifest atomically: ``digests`` of every file (:func:`file_digests`, gathered from the
+    ranks that wrote them), or by hashing every file under ``directory`` here.
 
     Called once every other file of the checkpoint is written: the manifest's presence means complete.
     """
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        rel = path.relative_to(directory).as_posix()
-        if rel == MANIFEST or rel.startswith(f".{MANIFEST}"):
-            continue
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())  # on disk before the manifest vouches for it
-            digest = sha256_of(f)
-        files[rel] = {"size": path.stat().st_size, "sha256": digest}
+    files = file_digests(directory, listed_files(directory)) if digests is None else \
+        {rel: digests[rel] for rel in sorted(digests)}
     atomic_write(directory / MANIFEST, json.dumps({"format": FORMAT, "files": files}, indent=1) + "\n", durable=True)
 
 
