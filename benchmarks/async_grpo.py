@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from muarl.demo import GRPO
+from muarl.experiments.recipe import GRPO
 from muarl.train.grpo import train_grpo
 
 

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import muarl.attention as attention  # noqa: E402
 from async_grpo import serve_user  # noqa: E402
-from muarl.demo import GRPO  # noqa: E402
 from muarl.domain import get_domain  # noqa: E402
+from muarl.experiments.recipe import GRPO  # noqa: E402
 from muarl.factory import make_user  # noqa: E402
 from muarl.models import load  # noqa: E402
 from muarl.policies.batched_generator import BatchedGenerator  # noqa: E402

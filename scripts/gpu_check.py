@@ -68,7 +68,9 @@ def muarl(args: list[str], ranks: int = 0, timeout: int = 300) -> tuple[bool, st
         done = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout} s", time.perf_counter() - began
-    tail = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[-4:])
+    lines = done.stderr.strip().splitlines()
+    said = [line.strip() for line in lines if "muarl: error" in line or "Error:" in line]  # not torchrun's banner
+    tail = " | ".join(said[-2:] or [line.strip() for line in lines[-4:]])
     return done.returncode == 0, tail, time.perf_counter() - began
 
 
@@ -108,7 +110,8 @@ def main() -> int:
     print(f"model: random Qwen3-0.6B shape, {args.layers} layers, {count / 1e6:.0f}M parameters "
           f"({time.perf_counter() - began:.0f} s to build)")
     model, device = str(work / "model"), args.device
-    common = ["--domain", "retail-lite", "--max-new-tokens", "64", "--max-turns", "6"]
+    gpu_run = device == "cuda"  # the CPU dry run checks the script, on small steps, without bf16 and offload
+    common = ["--domain", "retail-lite", "--max-new-tokens", "64" if gpu_run else "16", "--max-turns", "6"]
     failures = 0
 
     out = work / "engine"
@@ -124,19 +127,24 @@ def main() -> int:
         failures += 1
         print(f"engine: FAILED ({tail})")
 
-    grpo = ["grpo", "--model", model, *common, "--tasks-per-step", "4", "--group-size", "4", "--kl-beta", "0.04",
+    size = ["--tasks-per-step", "4", "--group-size", "4"] if gpu_run else ["--tasks-per-step", "2", "--group-size", "2"]
+    bf16 = ["--bf16"] if gpu_run else []
+    grpo = ["grpo", "--model", model, *common, *size, "--kl-beta", "0.04",
             "--micro-batch-size", "2", "--save-every", "0", "--report-to", "none", "--no-progress", "--device", device,
             "--fsdp"]
-    stages = [("grpo-fsdp-bf16", [*grpo, "--steps", "2", "--bf16"]),
-              ("grpo-fsdp-offload", [*grpo, "--steps", "1", "--fsdp-offload"] + (["--bf16"] if device == "cuda" else []))]
+    stages = [("grpo-fsdp-bf16", [*grpo, "--steps", "2", *bf16])]
+    if gpu_run:  # muarl refuses --fsdp-offload on the CPU (nothing to offload to)
+        stages.append(("grpo-fsdp-offload", [*grpo, "--steps", "1", "--fsdp-offload", *bf16]))
     synth = work / "synth"
     shutil.rmtree(synth, ignore_errors=True)
     ok, tail, _ = muarl(["synth", "--domain", "retail-lite", "--out", str(synth)])
-    if ok:
-        stages.insert(1, ("sft-fsdp-bf16", ["sft", "--model", model, "--data", str(synth / "sft.jsonl"), "--epochs",
+    if ok:  # the first conversations: a few dozen optimizer steps on a GPU, a few on the CPU
+        lines = (synth / "sft.jsonl").read_text().splitlines()[:128 if gpu_run else 8]
+        (synth / "some.jsonl").write_text("".join(line + "\n" for line in lines))
+        stages.insert(1, ("sft-fsdp-bf16", ["sft", "--model", model, "--data", str(synth / "some.jsonl"), "--epochs",
                                             "1", "--batch-size", "4", "--max-len", "4096", "--save-every", "0",
                                             "--report-to", "none", "--no-progress", "--device", device, "--fsdp",
-                                            "--bf16"]))
+                                            *bf16]))
     else:
         failures += 1
         print(f"sft-fsdp-bf16: FAILED making its data ({tail})")

@@ -18,7 +18,9 @@ from conftest import run_muarl
 from muarl.ablation.layout import eval_name
 from muarl.ablation.records import arm_differences
 from muarl.ablation.run import run_ablate
-from muarl.demo import PRESETS, held_out_tasks, run_demo
+from muarl.demo import run_demo
+from muarl.experiments.recipe import PRESETS
+from muarl.experiments.stages import held_out_tasks
 from muarl.users.scripted import ScriptedUser
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import test_comparison_browser as comparison_browser
 from conftest import play_episode
 from muarl.ablation.layout import eval_name
 from muarl.ablation.run import run_ablate
-from muarl.demo import PRESETS
+from muarl.experiments.recipe import PRESETS
 from muarl.types import Trajectory
 
 browser = comparison_browser.browser

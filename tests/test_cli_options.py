@@ -113,7 +113,7 @@ def test_left_out_options_keep_the_preset_and_given_ones_reach_the_config() -> N
 def test_demo_options_reach_the_nested_configs() -> None:
     """The demo's knobs land in the SFT and GRPO configs it nests; the rest of each stays the preset's."""
     from muarl.cli.demo import demo_overrides
-    from muarl.demo import PRESETS
+    from muarl.experiments.recipe import PRESETS
 
     args = build_parser().parse_args(["demo", "--preset", "smoke", "--grpo-steps", "3", "--grpo-lr", "1e-3",
                                       "--no-mask-truncated", "--sft-batch", "4", "--fresh-ids", "--no-greedy",
@@ -201,7 +201,7 @@ def test_every_documented_command_line_parses_and_builds_its_config() -> None:
     from muarl.cli.grpo import grpo_config
     from muarl.cli.pretrain import pretrain_config
     from muarl.cli.sft import sft_config
-    from muarl.demo import PRESETS
+    from muarl.experiments.recipe import PRESETS
 
     lines = documented_command_lines()
     assert len(lines) > 40 and {argv[0] for _, argv in lines} >= {"sft", "grpo", "demo", "eval", "pretrain"}

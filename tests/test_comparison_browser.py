@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 import test_viewer_browser as viewer_browser
-from muarl.demo import PRESETS, run_demo
+from muarl.demo import run_demo
+from muarl.experiments.recipe import PRESETS
 from muarl.types import Trajectory
 
 browser = viewer_browser.browser  # headless Chromium, as the viewer's browser test starts it

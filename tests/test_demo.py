@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_muarl
-from muarl.demo import PRESETS, run_demo
+from muarl.demo import run_demo
+from muarl.experiments.recipe import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +111,7 @@ def test_demo_model_takes_the_head_shape_from_its_config(tmp_path: Path) -> None
 
     from transformers import AutoConfig
 
-    from muarl.demo import build_model
+    from muarl.experiments.stages import build_model
 
     scratch = replace(PRESETS["default"], base="scratch")
     default = AutoConfig.from_pretrained(build_model(tmp_path / "a", scratch, seed=0))

@@ -146,7 +146,9 @@ def test_synth_report_records_the_teacher_user_and_domain(tmp_path):
 def test_demo_summary_records_both_models_and_the_user(tmp_path, monkeypatch):
     """The demo's last step with its stages stubbed: what summary.json records, without minutes of training."""
     base, trained = tmp_path / "base", tmp_path / "demo" / "grpo" / "model"
-    monkeypatch.setattr(demo, "build_model", lambda out, config, seed: base)
+    from muarl.experiments import stages
+
+    monkeypatch.setattr(stages, "build_model", lambda out, config, seed: base)
     monkeypatch.setattr(demo, "evaluate_model", lambda *args: {"pass^1": 0.5})
     monkeypatch.setattr(demo, "reinforce", lambda *args: trained)
     monkeypatch.setattr(demo, "compare_evaluations", lambda out, suffix="": {"metrics": []})

@@ -9,7 +9,7 @@ held-out tasks and trials: a matrix of (trained with) x (evaluated with). The ta
 differences is the method minus the other training users' RL, with paired 95% intervals clustered by task
 (:mod:`muarl.compare`), on interactive held-out users first.
 
-The recipe is the demo's (:mod:`muarl.demo`: its presets, its stages and functions): ``--preset default`` is
+The recipe is the demo's (:mod:`muarl.experiments`: its presets, its stages and comparisons): ``--preset default`` is
 ``muarl demo``'s, ``smoke`` every stage briefly (CI). The run directory::
 
     ablate.json                 the settings; a rerun of the same command resumes, other settings are refused

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from muarl.ablation.layout import COLD_START, describe, eval_name
-from muarl.demo import DemoConfig, changed_summary
+from muarl.experiments.comparison import changed_summary
+from muarl.experiments.recipe import DemoConfig
 
 #: changed conversations shown on the page: this many the method fixed, then up to half as many it broke
 REPORT_PAIRS = 6
@@ -18,7 +19,7 @@ REPORT_PAIRS = 6
 def write_plots(out: Path, where: Path, config: DemoConfig, arms: Mapping[str, str], evaluated: Sequence[str],
            cells: Mapping[Any, Mapping[str, float]], grpo_runs: Mapping[str, Path]) -> list[dict[str, Any]]:
     """``plots/``: the cold start, each arm's GRPO dynamics and the matrix as bars with their intervals."""
-    from muarl.demo import plot_cold_start, plot_grpo, pyplot
+    from muarl.experiments.comparison import plot_cold_start, plot_grpo, pyplot
 
     folder = (where / "plots").resolve()  # absolute: the page's relative paths start from its own folder
     folder.mkdir(exist_ok=True)

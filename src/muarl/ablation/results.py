@@ -3,7 +3,7 @@ matrix with intervals, ``summary.json``, ``table.md``, ``changed.md``, ``plots/`
 
 Everything here is computed from the files the ablation wrote (the evaluations' trajectories, the GRPO runs'
 metrics), so a rerun of a finished ablation rebuilds it. The page is :mod:`muarl.report.comparison`'s, the
-same the demo opens on; its tables are made of :func:`muarl.demo.metric_rows` rows, the demo's, plus the
+same the demo opens on; its tables are made of :func:`muarl.experiments.comparison.metric_rows` rows, the demo's, plus the
 matrix (one row per evaluation user, one column per model, each cell's success with its own interval).
 Differences are paired over the same tasks, users and trials, with percentile intervals of a bootstrap over
 tasks (:func:`muarl.compare.compare_runs`); a cell's interval is the same bootstrap of its own mean.
@@ -22,7 +22,9 @@ from rich.table import Table
 
 from muarl.ablation.layout import COLD_START, describe, eval_name, interactive, slug
 from muarl.ablation.page import write_page, write_plots
-from muarl.demo import DemoConfig, changed_conversations, held_out_tasks, metric_rows
+from muarl.experiments.comparison import changed_conversations, metric_rows
+from muarl.experiments.recipe import DemoConfig
+from muarl.experiments.stages import held_out_tasks
 
 #: (model, evaluation user, greedy): one evaluation
 Key = tuple[str, str, bool]

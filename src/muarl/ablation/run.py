@@ -12,13 +12,9 @@ from typing import Any
 from rich.console import Console
 
 from muarl.ablation.layout import COLD_START, USERS, arm, eval_name, slug
-from muarl.demo import (
-    EVAL_ONLY,
-    PRESETS,
-    SHARED_STAGES,
-    DemoConfig,
+from muarl.experiments.recipe import EVAL_ONLY, PRESETS, SHARED_STAGES, DemoConfig, check_base
+from muarl.experiments.stages import (
     Stages,
-    check_base,
     check_settings,
     cold_start,
     evaluate_model,
@@ -46,7 +42,7 @@ def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: i
                train_users: str | Sequence[str] = USERS, eval_users: str | Sequence[str] = USERS,
                method_from: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
     """Run (or resume) the ablation; returns the split's ``summary.json``. ``overrides`` change the preset's
-    recipe as the demo's do (:meth:`muarl.demo.DemoConfig.with_overrides`; the GRPO user is each arm's own).
+    recipe as the demo's do (:meth:`muarl.experiments.recipe.DemoConfig.with_overrides`; the GRPO user is each arm's own).
     The first training user is the method every other arm is compared with; ``method_from`` a finished demo
     run whose GRPO model that arm reuses (checked, refused unless it is exactly what this run would train).
     """

@@ -1,5 +1,5 @@
 """``muarl demo``: MUA-RL on the CPU, from the shipped cold-start base to an agent RL made better
-(:mod:`muarl.demo`). Its knobs are :class:`~muarl.demo.DemoConfig`'s fields and the fields of the SFT and
+(:mod:`muarl.demo`). Its knobs are :class:`~muarl.experiments.recipe.DemoConfig`'s fields and the fields of the SFT and
 GRPO configs it nests that the demo varies, each option generated from its field."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ SFT_OPTIONS = {"epochs": "--sft-epochs", "lr": "--sft-lr", "batch_size": "--sft-
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muarl.demo import PRESETS, STAGES
+    from muarl.demo import STAGES
+    from muarl.experiments.recipe import PRESETS
 
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
                    help="default (about 15 minutes on 2 cores), smoke (every stage in under 2 minutes) or "
@@ -40,7 +41,7 @@ def add_recipe_options(p: argparse.ArgumentParser, grpo_options: dict[str, str |
     """``--seed`` and the demo's recipe (its own knobs, those of the GRPO stage in ``grpo_options`` and, in a
     group, the from-random-weights recipe's): the options of ``muarl demo`` and ``muarl ablate``, whose recipe
     is the demo's."""
-    from muarl.demo import PRESETS, DemoConfig
+    from muarl.experiments.recipe import PRESETS, DemoConfig
     from muarl.train.grpo import GRPOConfig
     from muarl.train.sft import SFTConfig
 
@@ -60,7 +61,7 @@ def add_recipe_options(p: argparse.ArgumentParser, grpo_options: dict[str, str |
 def demo_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The knobs a parsed ``muarl demo`` command line changes, as :func:`muarl.demo.run_demo` takes them
     (nested configs' as dicts: ``grpo={"lr": ...}``)."""
-    from muarl.demo import DemoConfig
+    from muarl.experiments.recipe import DemoConfig
     from muarl.train.grpo import GRPOConfig
     from muarl.train.sft import SFTConfig
 
