@@ -301,17 +301,20 @@ SHORT = "short-token"
 
 
 @pytest.mark.parametrize("case", ["127.0.0.2", "0:0:0:0:0:0:0:1", "short bearer", "short control",
-                                  "writable token file", "max-sessions 0"])
+                                  "writable token file", "0644 token file", "0640 token file", "max-sessions 0"])
 def test_refused_at_start_in_one_line(case: str, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(AUTH)
-    token_file.chmod(0o666)
+    token_file.chmod({"0644 token file": 0o644, "0640 token file": 0o640}.get(case, 0o666))
     args, env, says = {
         "127.0.0.2": (["--host", "127.0.0.2"], {}, "--host 127.0.0.2 is not loopback"),
         "0:0:0:0:0:0:0:1": (["--host", "0:0:0:0:0:0:0:1"], {}, "is not loopback"),
         "short bearer": ([], {"MUARL_MCP_AUTH_TOKEN": SHORT}, "$MUARL_MCP_AUTH_TOKEN: the token has 11 characters"),
         "short control": ([], {"MUARL_MCP_CONTROL_TOKEN": SHORT}, "fewer than 32"),
-        "writable token file": (["--auth-token-file", str(token_file)], {}, "group or others may write"),
+        "writable token file": (["--auth-token-file", str(token_file)], {}, "(mode 0666)"),
+        "0644 token file": (["--control-token-file", str(token_file)], {}, "group or others may read or write this "
+                            "file (mode 0644)"),
+        "0640 token file": (["--auth-token-file", str(token_file)], {}, f"'chmod 600 {token_file}'"),
         "max-sessions 0": (["--max-sessions", "0"], {}, "--max-sessions 0"),
     }[case]
     base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}

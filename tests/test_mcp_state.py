@@ -304,3 +304,28 @@ def test_two_unknown_states_never_match(tmp_path: Path, sqlite_server: str) -> N
     records, reward = _play(env, lend, LEND)
     assert records[0].error == "tool_fault" and env.hash().startswith("unavailable: could not start")
     assert reward == 0.0
+
+
+def test_canonical_sqlite_reads_the_schema_by_meaning_not_spelling(tmp_path: Path) -> None:
+    """The same tables, keys and index written with other spacing, case and quoting read the same (an agent
+    that recreates a table in its own words is not failed for it); another column type, key, default or
+    index uniqueness does not."""
+    def make(path: Path, ddl: list[str]) -> Path:
+        with sqlite3.connect(path) as db:
+            for statement in ddl:
+                db.execute(statement)
+            db.execute("INSERT INTO loans VALUES (1, 7, 'open')")
+        return path
+
+    plain = ["CREATE TABLE loans (id INTEGER PRIMARY KEY, book INTEGER NOT NULL REFERENCES books(id), "
+             "state TEXT DEFAULT 'open')", "CREATE UNIQUE INDEX by_book ON loans (book)"]
+    spelled = ['create   table "loans"(\n  id integer primary key,\n  book integer not null references books (id),'
+               "\n  state text default 'open'\n)", 'create unique index "by_book" on loans(book)']
+    a, b = make(tmp_path / "a.db", plain), make(tmp_path / "b.db", spelled)
+    assert canonical_file(a) == canonical_file(b)
+    for n, changed in enumerate((plain[0].replace("state TEXT", "state INTEGER"), plain[0].replace("NOT NULL ", ""),
+                                 plain[0].replace("'open')", "'closed')"))):
+        other = make(tmp_path / f"c{n}.db", [changed, plain[1]])
+        assert canonical_file(other) != canonical_file(a), changed
+    assert canonical_file(make(tmp_path / "d.db", [plain[0], "CREATE INDEX by_book ON loans (book)"])) != \
+        canonical_file(a)

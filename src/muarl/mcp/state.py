@@ -146,16 +146,43 @@ def _sqlite_dump(path: Path) -> dict[str, Any]:
     uri = f"file:{path.as_posix()}?mode=ro"
     conn = sqlite3.connect(uri, uri=True)
     try:
-        schema = sorted(conn.execute("SELECT type, name, tbl_name, COALESCE(sql, '') FROM sqlite_master"))
+        objects = sorted(conn.execute("SELECT type, name, tbl_name, COALESCE(sql, '') FROM sqlite_master"))
         tables = {}
-        for kind, name, _, _ in schema:
+        for kind, name, _, _ in objects:
             if kind == "table":
-                quoted = '"' + name.replace('"', '""') + '"'
-                rows = [json.dumps([_cell(v) for v in row]) for row in conn.execute(f"SELECT * FROM {quoted}")]
+                rows = [json.dumps([_cell(v) for v in row]) for row in conn.execute(f"SELECT * FROM {_quoted(name)}")]
                 tables[name] = sorted(rows)
-        return {"sqlite": {"schema": [list(s) for s in schema], "rows": tables}}
+        return {"sqlite": {"schema": [_schema_entry(conn, *o) for o in objects], "rows": tables}}
     finally:
         conn.close()
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _spaced(sql: Any) -> Any:
+    """SQL text with its spacing made canonical (what a statement means does not depend on it)."""
+    return " ".join(str(sql).split()) if sql is not None else None
+
+
+def _schema_entry(conn: Any, kind: str, name: str, table: str, sql: str) -> list[Any]:
+    """One schema object by what it means, not by how its statement was spelled: a table's columns (name,
+    declared type, not-null, default, primary-key position) and foreign keys; an index's table, uniqueness and
+    columns; a view's or trigger's statement with canonical spacing. Two databases whose CREATE statements
+    differ only in spacing, case of types or quoting read the same."""
+    if kind == "table":
+        columns = [[col_name, str(col_type).upper(), bool(notnull), _spaced(default), pk]
+                   for _, col_name, col_type, notnull, default, pk in conn.execute(f"PRAGMA table_info({_quoted(name)})")]
+        keys = sorted([list(row[2:]) for row in conn.execute(f"PRAGMA foreign_key_list({_quoted(name)})")],
+                      key=json.dumps)
+        return [kind, name, {"columns": columns, "foreign_keys": keys}]
+    if kind == "index":
+        unique = next((bool(row[2]) for row in conn.execute(f"PRAGMA index_list({_quoted(table)})") if row[1] == name),
+                      False)
+        columns = [row[2] for row in conn.execute(f"PRAGMA index_info({_quoted(name)})")]
+        return [kind, name, {"table": table, "unique": unique, "columns": columns}]
+    return [kind, name, table, _spaced(sql)]
 
 
 def _cell(value: Any) -> Any:

@@ -50,9 +50,10 @@ def read_token(env_var: str, path: str | None, option: str) -> str | None:
         token = Path(path).read_text().strip()
     except OSError as err:
         raise ValueError(f"{option} {path}: cannot read it ({err.strerror})") from None
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ValueError(f"{option} {path}: group or others may write this file, so they could choose the "
-                         f"server's token; make it private with 'chmod 600 {path}'")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):  # as ssh refuses a private key others can read
+        raise ValueError(f"{option} {path}: group or others may read or write this file (mode "
+                         f"{stat.S_IMODE(mode):04o}), so they could learn or choose the server's token; make it "
+                         f"private with 'chmod 600 {path}'")
     if not token:
         raise ValueError(f"{option} {path}: the file is empty")
     return check_token(token, f"{option} {path}")
