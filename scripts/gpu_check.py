@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -64,10 +65,20 @@ def muarl(args: list[str], ranks: int = 0, timeout: int = 300) -> tuple[bool, st
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), "-m", "muarl"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     began = time.perf_counter()
+    # a session of its own: on a timeout the launcher and the workers it started go, not the launcher alone
+    proc = subprocess.Popen(launcher + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout)
+        _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts its workers in sessions of their own: those of this command go by its --out
+        out = args[args.index("--out") + 1] if "--out" in args else None
+        if out:
+            subprocess.run(["pkill", "-KILL", "-f", f"--out {out}"], check=False)
+        proc.communicate()
         return False, f"timed out after {timeout} s", time.perf_counter() - began
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     lines = done.stderr.strip().splitlines()
     said = [line.strip() for line in lines if "muarl: error" in line or "Error:" in line]  # not torchrun's banner
     tail = " | ".join(said[-2:] or [line.strip() for line in lines[-4:]])
