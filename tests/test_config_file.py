@@ -98,6 +98,7 @@ def test_a_missing_file_is_one_line(tmp_path, capsys):
 
 
 def test_every_command_that_runs_something_takes_a_config_file():
-    for command in config_file.TAKES_CONFIG:
+    # named here, not read from config_file.TAKES_CONFIG: a command dropped from that list must fail this
+    for command in ("sft", "grpo", "pretrain", "eval", "rollout", "synth", "demo", "ablate"):
         sub = config_file.subparser(build_parser(only=command), command)
         assert any(config_file.OPTION in a.option_strings for a in sub._actions), command
