@@ -170,8 +170,8 @@ def test_smollm2_episodes_are_token_exact():
     policy = HFPolicy("smollm2", temperature=1.0, max_new_tokens=24, max_batch=16, seed=5)
     domain = get_domain("retail")
     # 16 episodes in flight: SmolLM2's KV cache is ~46 kB per token, and each episode keeps its own
-    trajectories = _run(policy, domain, domain.tasks("test")[:13], 4, TalkativeUser(2), concurrency=16)
-    assert len(trajectories) >= 50
+    trajectories = _run(policy, domain, domain.tasks("test")[:8], 4, TalkativeUser(2), concurrency=16)
+    assert len(trajectories) == 32
     engine = policy.engine
     assert (engine.tokens_computed - engine.prefix_computed + engine.tokens_reused
             == sum(len(t.token_ids) for t in trajectories) - len(trajectories))

@@ -104,8 +104,11 @@ def test_shared_prefix_update_equals_the_plain_one(name, lora):
     model, reference, tokenizer = _policy_and_reference(name, lora)
     batch = _batch(model, len(tokenizer))  # sampling log-probs: the policy's own, as on-policy
     kl_only = [(seq, 0.0) for seq, _ in batch]
+    # micro-batches of 1 and 3 on the embedded model; SmolLM2 (minutes per pass on two cores) checks the
+    # real architecture's layers at micro-batches of 3 only, which still splits the batch in two
+    micros = (1, 3) if name == "tiny" else (3,)
     for pairs in (batch, kl_only):
-        for micro in (1, 3):
+        for micro in micros:
             options = {"micro_batch_size": micro, "skip_zero_advantage": False}
             plain, plain_grads = _update(model, reference, pairs, shared_prefix=False, **options)
             shared, shared_grads = _update(model, reference, pairs, shared_prefix=True, **options)
