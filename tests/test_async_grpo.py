@@ -132,7 +132,6 @@ def test_a_killed_asynchronous_run_resumes_from_its_checkpoint(tmp_path):
 
 def test_options_that_cannot_run_asynchronously_are_refused():
     for overrides, words in (({"max_staleness": -1}, "must be 0"),
-                             ({"max_staleness": 1, "fsdp": True}, "without --fsdp"),
                              ({"max_staleness": 1, "rollout_engine": "vllm", "vllm_sleep": True}, "one of the two")):
         with pytest.raises(ValueError, match=words):
             _config(Path("unused"), **overrides)
@@ -266,3 +265,51 @@ def test_the_stream_starts_no_group_the_run_will_not_take():
     assert stream.end == 7 and stream.started == 6 and stream.room()  # the dropped group's replacement
     stream.started = 7
     assert not stream.room() and stream.started < stream.budget  # the bound would allow more: the run ends
+
+
+def _two_ranks(out: Path, mode: str) -> tuple[list[dict], dict[int, list[dict]], list[list[dict]]]:
+    """tests/async_worker.py on two training processes (torchrun, gloo): the run's metrics, its rollouts
+    and each rank's records after every sync."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(TESTS / "async_worker.py"), str(out), mode]
+    done = subprocess.run(cmd, env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    syncs = [[json.loads(line) for line in (out / f"syncs_rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    return metrics, _rollouts(out / "run"), syncs
+
+
+def _assert_within_the_bound(metrics: list[dict], rollouts: dict[int, list[dict]]) -> None:
+    """Every step trained, no group and no agent turn more than N = 1 updates behind the update that used it,
+    and the stream ran ahead (some groups 1 update old)."""
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(m["trained_sequences"] > 0 for m in metrics)
+    assert all(m["staleness_max"] <= 1 and m["turn_staleness_max"] <= 1 for m in metrics), metrics
+    assert any(m["staleness_mean"] > 0 for m in metrics)
+    for step, episodes in rollouts.items():
+        trained = [e["metadata"] for e in episodes if e["metadata"]["trained"]]
+        assert trained and all(step - 1 - e["policy_version"] <= 1 for e in trained), step
+        # a turn never runs on weights older than its group's; its own version is at most N behind too
+        assert all(e["policy_version"] <= v <= step - 1 for e in trained for v in e["turn_versions"]), step
+        assert all(len(e["turn_versions"]) >= 1 for e in trained)
+
+
+@pytest.mark.slow
+def test_two_training_processes_share_one_stream_and_keep_identical_weights(tmp_path):
+    """``--max-staleness 1`` on two processes (plain data parallelism): rank 0's stream plays every group and
+    each step's groups reach both ranks, which train on their shares; both hold the same weights after every
+    update, and the staleness bound holds per group and per agent turn."""
+    metrics, rollouts, syncs = _two_ranks(tmp_path, "plain")
+    _assert_within_the_bound(metrics, rollouts)
+    assert len(syncs[0]) == len(syncs[1]) == 4
+    assert [s["digest"] for s in syncs[0]] == [s["digest"] for s in syncs[1]]
+    assert len({s["digest"] for s in syncs[0]}) == 4  # every update moved the weights
+
+
+@pytest.mark.slow
+def test_two_sharded_processes_stream_from_rank_0s_copy(tmp_path):
+    """``--max-staleness 1 --fsdp`` on two processes: only rank 0 holds a rollout copy, and after every sync it
+    equals the sharded model gathered whole; the staleness bound holds."""
+    metrics, rollouts, syncs = _two_ranks(tmp_path, "fsdp")
+    _assert_within_the_bound(metrics, rollouts)
+    assert [s["copy_equals_model"] for s in syncs[0]] == [True] * 4
+    assert [s["holds_copy"] for s in syncs[1]] == [False] * 4

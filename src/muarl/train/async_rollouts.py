@@ -8,7 +8,9 @@ hands them to the trainer as they finish (muarl's engine samples from a
 :class:`~muarl.train.samplers.CopySampler`'s copy of the model; a vLLM engine or server holds its own):
 
 - every group records the weights version it started under (``policy_version`` in each episode's
-  metadata; a version is one update); the trainer takes finished groups in the order they finished and
+  metadata; a version is one update), and every agent turn its own (``turn_versions``; a turn a sync
+  overlapped is counted in ``turns_across_sync``: its tokens keep the log-probs they were drawn with, which
+  the importance weights below correct); the trainer takes finished groups in the order they finished and
   drops (and counts) any whose version is more than N updates behind its own;
 - the stream starts a group only while fewer than (updates so far + N + 1) steps' worth were started
   (AReaL's bound), so groups that finish in order are never too stale to use; a group the trainer drops
@@ -138,6 +140,44 @@ class _PrioritizedSession(PolicySession):
         return self.inner.close()
 
 
+class _Versioned(Policy):
+    """``policy`` whose sessions record, per agent turn, the weights version it was sampled under."""
+
+    def __init__(self, policy: Policy, stream: RolloutStream):
+        self.policy, self.stream = policy, stream
+        self.name = policy.name
+
+    def session(self, domain: Any, task: Task, seed: int | None = None) -> PolicySession:
+        return _VersionedSession(self.policy.session(domain, task, seed), self.stream)
+
+    def provenance(self) -> dict[str, Any]:
+        return self.policy.provenance()
+
+
+class _VersionedSession(PolicySession):
+    """Each agent turn's weights version (the newest fully synced when the turn began) and whether a sync
+    overlapped it: one that had begun by the turn's end but was not done at its start, so that some of its
+    tokens may have been drawn from the next weights (muarl's engine swaps them between two forward passes,
+    a server between two requests' steps). Such a turn keeps every token's log-prob as drawn, which the
+    update's importance weights correct; it is marked (``turns_across_sync``), not dropped. A conservative
+    mark: a turn that merely waited on a sync for its first pass counts too."""
+
+    def __init__(self, inner: PolicySession, stream: RolloutStream):
+        self.inner, self.stream = inner, stream
+        self.versions: list[int] = []
+        self.across = 0
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        version = self.stream.version
+        turn = await self.inner.next(new_messages)
+        self.versions.append(version)
+        self.across += self.stream.sync_begun > version
+        return turn
+
+    def close(self) -> dict[str, Any]:
+        return {**(self.inner.close() or {}), "turn_versions": self.versions, "turns_across_sync": self.across}
+
+
 class RolloutStream:
     """Groups played in a background thread against ``sampler``'s weights, ``order[cursor:]`` in order.
 
@@ -165,6 +205,7 @@ class RolloutStream:
         self.cond = threading.Condition()
         self.finished: list[Finished] = []
         self.version = first_version  # updates the weights have had: a resumed run goes on counting
+        self.sync_begun = first_version  # the version of the newest sync begun (one past ``version`` during it)
         self.started = 0  # groups started since the stream began
         self.sampler_idle_s = 0.0  # time with no episode in flight because the stream was at its lead
         self.error: BaseException | None = None
@@ -223,7 +264,8 @@ class RolloutStream:
 
     async def _group(self, position: int, version: int) -> None:
         task = self.order[position % len(self.order)]
-        policy = self.policy if self.gate is None else _Prioritized(self.policy, self.gate, position)
+        policy = _Versioned(self.policy if self.gate is None else _Prioritized(self.policy, self.gate, position),
+                            self)
         engine = RolloutEngine(self.domain, policy, self.user, self.episode, group_size=self.group_size,
                                common_user_seed=True, seed=self.group_seed(position), progress=False)
         try:
@@ -277,11 +319,12 @@ class RolloutStream:
         """The trainer's updated weights into the sampler, between two of its forward passes; the new
         version applies to groups started from now on. Returns the seconds it took (waiting included)."""
         began = time.perf_counter()
+        self.sync_begun = self.version + 1  # a turn in flight from here on may meet the new weights
         with self.policy.swapping_weights():  # between two forward passes; caches of the old weights dropped
             self.sampler.sync(model)
-        with self.cond:
-            self.version += 1
-            self.budget += self.per_step
+            with self.cond:  # inside: no pass runs on the new weights before the version says so
+                self.version += 1
+                self.budget += self.per_step
         return time.perf_counter() - began
 
     def close(self) -> None:
@@ -312,7 +355,13 @@ def take_step(stream: RolloutStream, cursor: int, config: Any, reward_of: Any) -
     groups = [item.group for item in taken.groups]
     rewards = torch.tensor([[reward_of(t) for t in g] for g in groups]).reshape(len(groups), config.group_size)
     consumed = len(groups) + taken.dropped + taken.uninformative
+    versions = [v for g in groups for t in g for v in t.metadata.get("turn_versions", [])]
     metrics = {"staleness_mean": sum(taken.staleness) / max(len(taken.staleness), 1),
+               # the agent turns' own lag behind the trainer (a turn is younger than its group when syncs
+               # came while the episode played) and the share of turns a sync overlapped
+               "turn_staleness_max": float(max((stream.version - v for v in versions), default=0)),
+               "turns_across_sync": sum(t.metadata.get("turns_across_sync", 0) for g in groups for t in g)
+               / max(len(versions), 1),
                "staleness_max": float(max(taken.staleness, default=0)), "dropped_groups": float(taken.dropped),
                "trainer_idle_s": taken.waited_s, "sampler_idle_s": stream.sampler_idle_s,
                "uninformative_groups": float(taken.uninformative)}

@@ -16,6 +16,7 @@ last micro-batch is simpler and exact.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,37 @@ class Dist:
         out: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(out, obj)
         return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (picklable; what the other ranks pass is ignored)."""
+        if self.world == 1:
+            return obj
+        box = [obj if self.main else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def from_main(self, action: Callable[[], Any], shareable: tuple[type[BaseException], ...] = ()) -> Any:
+        """``action()`` run on rank 0 alone, its result on every rank. A failure there is raised on every
+        rank: rank 0's own exception on rank 0, the same on the others when its type is one of
+        ``shareable`` (exceptions every rank can rebuild from their message), else a
+        :class:`~muarl.faults.RunFailed` naming it; the other ranks wait until rank 0 is done."""
+        from muarl.faults import RunFailed
+
+        result: Any = None
+        failure: Exception | None = None
+        if self.main:
+            try:
+                result = action()
+            except Exception as err:  # shared below, then raised as it was
+                failure = err
+        shared = failure if failure is None or type(failure) in (*shareable, RunFailed) else \
+            RunFailed(f"rank 0 failed: {type(failure).__name__}: {failure}")
+        result, outcome = self.broadcast((result, shared))
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            raise outcome
+        return result
 
     def sum(self, value: float) -> float:
         """A number summed over ranks."""

@@ -140,8 +140,6 @@ class GRPOConfig(RunSettings, EpisodeLimits):
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
         if self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be 0 (synchronous) or more, not {self.max_staleness}")
-        if self.max_staleness and self.fsdp:
-            raise ValueError("--max-staleness runs without --fsdp for now (one training process)")
         if self.max_staleness and self.vllm_sleep:
             raise ValueError("--vllm-sleep stops the engine for every update and --max-staleness keeps it sampling "
                              "through them: use one of the two")

@@ -11,7 +11,8 @@ position, the seeds, the refills of dynamic sampling, the staleness bound and th
   synchronous GRPO); under several training processes each plays its share of every step's groups;
 - :class:`Streamed`: groups are played in a thread of their own while the trainer updates, up to
   ``max_staleness`` updates ahead (:mod:`muarl.train.async_rollouts`). At staleness 0 it yields the
-  lockstep source's groups (tests/test_orchestrator.py).
+  lockstep source's groups (tests/test_orchestrator.py). Under several training processes one stream,
+  rank 0's, plays every group and hands each step to every rank.
 
 :func:`open_rollouts` picks one (the only place that reads ``max_staleness`` to choose).
 """
@@ -31,9 +32,17 @@ from muarl.factory import make_user
 from muarl.rollout import RolloutEngine
 from muarl.train.async_rollouts import RolloutStream, take_step
 from muarl.train.distributed import Dist
+from muarl.train.engine_spec import SERVER
 from muarl.train.groups import collect_groups, step_seed, train_reward
 from muarl.train.grpo_config import GRPOConfig
-from muarl.train.samplers import CopySampler, Sampler, check_rollout_engine, make_sampler, rollout_copy
+from muarl.train.samplers import (
+    CopySampler,
+    Sampler,
+    check_rollout_engine,
+    make_sampler,
+    rollout_copy,
+    samples_here,
+)
 from muarl.types import Task, Trajectory
 
 
@@ -119,26 +128,35 @@ class Lockstep:
 class Streamed:
     """Groups played in a thread of their own (:class:`~muarl.train.async_rollouts.RolloutStream`) on the
     sampler's weights, at most ``config.max_staleness`` updates behind the trainer's; a step takes the
-    groups that finished first. One training process."""
+    groups that finished first. Under several training processes there is one stream, rank 0's: each
+    step's groups are handed from it to every rank (one broadcast), each rank trains on its share as in
+    lockstep, and at each sync the other ranks send their shards to rank 0's copy and sample nothing."""
 
     lagged = True
 
     def __init__(self, sampler: Sampler, domain: Any, user: Any, episode: Any, order: list[Task], cursor: int,
-                 config: GRPOConfig, start_step: int):
-        self.sampler, self.config, self.cursor = sampler, config, cursor
-        # a group's user seeds are the lockstep source's (the run seed, the task, the member): a task met
-        # again in a later epoch meets the same user, whichever source plays it
-        self.stream = RolloutStream(sampler, domain, user, episode, config.group_size, order, cursor,
-                                    per_step=config.tasks_per_step, staleness=config.max_staleness,
-                                    group_seed=lambda position: config.seed,
-                                    policy_seed=step_seed(config.seed, start_step), first_version=start_step)
-        self.stream.start()
+                 config: GRPOConfig, start_step: int, dist: Dist | None = None):
+        dist = dist or Dist()
+        self.sampler, self.config, self.cursor, self.dist = sampler, config, cursor, dist
+        self.stream: RolloutStream | None = None
+        if dist.main:
+            # a group's user seeds are the lockstep source's (the run seed, the task, the member): a task met
+            # again in a later epoch meets the same user, whichever source plays it
+            self.stream = RolloutStream(sampler, domain, user, episode, config.group_size, order, cursor,
+                                        per_step=config.tasks_per_step, staleness=config.max_staleness,
+                                        group_seed=lambda position: config.seed,
+                                        policy_seed=step_seed(config.seed, start_step), first_version=start_step)
+            self.stream.start()
+
+    def _take(self) -> tuple[Any, ...]:
+        assert self.stream is not None
+        return take_step(self.stream, self.cursor, self.config,
+                         lambda t: train_reward(t, self.config.penalize_violations, self.config.violation_reward))
 
     def next_step(self, step: int) -> StepRollouts:
         began, before = time.perf_counter(), self.cursor
-        groups, rewards, keep, self.cursor, metrics = take_step(
-            self.stream, self.cursor, self.config,
-            lambda t: train_reward(t, self.config.penalize_violations, self.config.violation_reward))
+        # rank 0 takes the step from its stream; a failure there (the stream's error) stops every rank
+        groups, rewards, keep, self.cursor, metrics = self.dist.from_main(self._take, shareable=(ValueError,))
         return StepRollouts(groups, rewards, keep, masks(groups, self.config), self.cursor, self.cursor - before,
                             time.perf_counter() - began, metrics)
 
@@ -146,22 +164,23 @@ class Streamed:
         self.sampler.release()
 
     def sync(self, model: Any) -> float:
-        return self.stream.sync(model)
+        if self.stream is not None:
+            return self.stream.sync(model)
+        return self.sampler.sync(model)  # this rank's part of the gather into rank 0's copy
 
     def close(self) -> None:
         try:
-            self.stream.close()
+            if self.stream is not None:
+                self.stream.close()
         finally:
             self.sampler.close()
 
 
 def check_rollouts(config: GRPOConfig, dist: Dist) -> None:
     """What can be refused before a run directory exists: an engine that is not installed or a server
-    not given, asynchrony across training processes."""
-    if config.max_staleness and dist.world > 1:
-        raise ValueError("--max-staleness runs in one training process for now (its groups are played in a "
-                         "thread of the process)")
-    check_rollout_engine(config)
+    not given (on the ranks that sample: rank 0 alone under ``--max-staleness``)."""
+    if samples_here(config, dist) or config.rollout_engine.startswith(SERVER):
+        check_rollout_engine(config)
 
 
 def open_rollouts(config: GRPOConfig, dist: Dist, domain: Any, model: Any, tokenizer: Any, start_step: int,
@@ -178,8 +197,8 @@ def open_rollouts(config: GRPOConfig, dist: Dist, domain: Any, model: Any, token
     # from a copy of the weights that follows them after every update; vLLM engines hold weights of their own
     if config.fsdp:
         sampler: Sampler = CopySampler(config, model, rollout_copy(config, dist), tokenizer, dist)
-    elif config.max_staleness and config.rollout_engine == "hf":
-        sampler = CopySampler(config, model, copy.deepcopy(model), tokenizer, dist)
+    elif config.max_staleness and config.rollout_engine == "hf":  # rank 0's stream alone samples
+        sampler = CopySampler(config, model, copy.deepcopy(model) if dist.main else None, tokenizer, dist)
     else:
         sampler = make_sampler(config, model, tokenizer, dist)
     try:
@@ -188,6 +207,6 @@ def open_rollouts(config: GRPOConfig, dist: Dist, domain: Any, model: Any, token
         sampler.close()
         raise
     if config.max_staleness:
-        return Streamed(sampler, domain, user, episode, order, cursor, config, start_step)
+        return Streamed(sampler, domain, user, episode, order, cursor, config, start_step, dist)
     return Lockstep(sampler, domain, user, episode, order, cursor, config, dist, progress=progress)
 

@@ -183,15 +183,17 @@ class CopySampler:
     time, at the start (a resumed run's) and after every update. A LoRA run gathers only its adapter.
 
     The copy holds the weights alone (no gradients, no optimizer state), in the dtype the engine samples in
-    (:func:`rollout_copy`). muarl's engine samples from it on every rank, so every rank gathers (all-gathers);
-    a vLLM engine takes the weights from it (in CPU memory), and with servers only rank 0 pushes them, so only
+    (:func:`rollout_copy`). muarl's engine samples from it on every rank that plays episodes, so in lockstep every
+    rank gathers (all-gathers); a vLLM engine takes the weights from it (in CPU memory). With servers only
+    rank 0 pushes the weights, and under ``--max-staleness`` only rank 0's stream samples, so there only
     rank 0 holds a copy and receives the shards (the other ranks pass ``plain=None`` and only send theirs).
     ``release`` (before each update) gives the copy's memory back to the update and ``sync`` allocates it
     again and gathers into it, except where the copy must stay: an asynchronous run samples from it during
     the update, and a LoRA run's copy keeps its base (which is never gathered)."""
 
     def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None):
-        self.to_main = config.rollout_engine.startswith(SERVER)
+        # only rank 0 holds a copy with servers (it alone pushes) and with a stream (it alone samples)
+        self.to_main = config.rollout_engine.startswith(SERVER) or bool(config.max_staleness)
         self.lora = is_lora(model)
         self.releasable = not self.lora and not config.max_staleness  # an asynchronous stream samples on
         self.plain = plain.eval().requires_grad_(False) if plain is not None else None
@@ -236,6 +238,33 @@ class CopySampler:
         self.inner.close()
 
 
+class Bystander:
+    """The sampler of a training process that plays no episode: under ``--max-staleness`` with several
+    processes one stream, rank 0's, plays them all (:class:`~muarl.train.orchestrator.Streamed`), and the
+    other ranks only send their shards to rank 0's copy at each sync (a :class:`CopySampler` around this)."""
+
+    def policy(self, seed: int) -> Policy:
+        raise RuntimeError("this training process plays no episode: rank 0's stream plays them all")
+
+    def check(self, model: Any, domain: Any) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def sync(self, model: Any) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def samples_here(config: Any, dist: Dist) -> bool:
+    """Whether this training process plays episodes: every process in lockstep, each its share of a step's
+    groups; rank 0 alone under ``--max-staleness``, whose one stream plays every group."""
+    return dist.main or not config.max_staleness
+
+
 def rollout_copy(config: Any, dist: Dist) -> Any | None:
     """The unsharded copy a sharded run's :class:`CopySampler` samples from (or pushes to the engine), on
     the ranks that need one: every rank for muarl's engine (on its device), each rank's in-process vLLM
@@ -244,7 +273,7 @@ def rollout_copy(config: Any, dist: Dist) -> Any | None:
     (:func:`~muarl.train.sharding.plain_copy`)."""
     from muarl.train.sharding import mixed_precision, plain_copy
 
-    if config.rollout_engine.startswith(SERVER) and not dist.main:
+    if not dist.main and (config.rollout_engine.startswith(SERVER) or not samples_here(config, dist)):
         return None
     device = dist.device if config.rollout_engine == "hf" else torch.device("cpu")
     return plain_copy(config, torch.bfloat16 if mixed_precision(config, dist.device) else torch.float32, device)
@@ -322,19 +351,7 @@ class ServerSampler:
     def _on_main(self, action: Callable[[], None]) -> None:
         """Run ``action`` on rank 0 and share its outcome: a failure is raised on every rank, in the same
         one line (rank 0's own exception there); the other ranks wait until rank 0 is done."""
-        failure: Exception | None = None
-        if self.dist.main:
-            try:
-                action()
-            except Exception as err:  # shared below, then raised as it was
-                failure = err
-        shared = failure if failure is None or type(failure) in (ValueError, EngineFailed) else \
-            RunFailed(f"rank 0 failed: {type(failure).__name__}: {failure}")  # what every rank can unpickle
-        outcome = self.dist.gather(shared)[0]
-        if failure is not None:
-            raise failure
-        if outcome is not None:
-            raise outcome
+        self.dist.from_main(action, shareable=(ValueError, EngineFailed))
 
     def close(self) -> None:
         for policy in self.policies:
@@ -444,8 +461,10 @@ def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = No
     from muarl.models import adapter_base, checkpoint_root
 
     lora = config.lora_r > 0 and adapter_base(config.model) is None
-    if config.rollout_engine.startswith(SERVER):
+    if config.rollout_engine.startswith(SERVER):  # every rank: rank 0 pushes, the others wait on it
         return ServerSampler(server_policies(config), model, lora, dist)
+    if not samples_here(config, dist):
+        return Bystander()
     if config.rollout_engine == "vllm":
         # the engine's precision follows the trainer's forwards: bf16 where they autocast to it (a GPU)
         cuda = torch.cuda.is_available()
