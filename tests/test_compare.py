@@ -164,7 +164,8 @@ def test_identical_runs_differ_by_zero_with_a_zero_interval(runs):
     report = compare_runs(load_run(runs / "expert"), load_run(runs / "expert2"))
     assert report["shared_tasks"] == 80 and report["only_a"] == report["only_b"] == 0
     assert [m["metric"] for m in report["metrics"]] == ["pass^1", "pass^2", "policy_fault_rate", "user_fault_rate",
-                                                        "tool_fault_rate", "accuracy", "tcr", "avg_turns",
+                                                        "tool_fault_rate", "truncation_rate", "accuracy", "tcr",
+                                                        "avg_turns",
                                                         "violation_rate", "transfer_rate"]
     for m in report["metrics"]:
         assert (m["diff"], m["low"], m["high"], m["excludes_zero"]) == (0.0, 0.0, 0.0, False)

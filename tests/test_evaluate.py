@@ -274,3 +274,22 @@ def test_episode_config_is_recorded(tmp_path):
                       out_dir=tmp_path, config=EpisodeConfig(max_turns=3), progress=False)
     assert result.config["max_turns"] == 3
     assert result.metrics["stop_reasons"] == {"max_turns": 1} and result.metrics["accuracy"] == 0.0
+
+
+def test_the_truncation_rate_counts_episodes_cut_off_at_a_limit():
+    """Episodes ending at the per-turn token limit, the context limit or the turn limit are truncated (a
+    success rate cannot tell them from clean failures); per task, overall, and compared with an interval."""
+    from muarl.compare import compare_runs
+    from muarl.evaluate import EvalResult
+
+    cut = ("turn_token_limit", "context_limit", "max_turns")
+    groups = [[traj("A", m, 0.0, stop=cut[m]) for m in range(3)] + [traj("A", 3, 1.0)],
+              [traj("B", m, 0.0, stop="user_stop") for m in range(3)] + [traj("B", 3, 0.0, stop="transfer")]]
+    metrics, rows, _ = summarize(groups, {}, 4)
+    assert [r["truncation_rate"] for r in rows] == [0.75, 0.0]
+    assert metrics["truncation_rate"] == pytest.approx(3 / 8)
+    clean = [[traj(g[0].task_id, m, 0.0) for m in range(4)] for g in groups]
+    config = {"domain": "d", "split": "test", "k": 4}
+    before, after = (EvalResult(config, *summarize(gs, {}, 4)[:2], gs) for gs in (clean, groups))
+    found = {m["metric"]: m for m in compare_runs(before, after, samples=200)["metrics"]}
+    assert found["truncation_rate"]["diff"] == pytest.approx(3 / 8) and found["truncation_rate"]["high"] > 0

@@ -83,3 +83,50 @@ def test_the_trainer_loop_has_no_branch_on_asynchrony():
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
         {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     assert not {"max_staleness", "RolloutStream", "take_step", "stream", "Streamed", "Lockstep"} & names
+
+
+def _episode(reward: float, stop: str):
+    from muarl.types import Reward, Trajectory
+
+    return Trajectory(task_id="t", domain="d", stop_reason=stop, reward=Reward(reward=reward, db_match=bool(reward), outputs_ok=True,
+                                                                   outputs_required=False, tcr=reward),
+                      token_ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -1.0, -1.0])
+
+
+def test_masking_truncated_members_keeps_the_groups_success():
+    """A hand-made step under --mask-truncated: a group with one success, one clean failure and two episodes
+    cut at the token limit. Its success keeps the positive advantage the whole group gives it (the
+    truncated members count as the failures they are), its clean failure is pushed down, and only the
+    truncated ones leave the gradient. A group whose every failure was truncated still trains its success;
+    a group with nothing but masked failures and no success trains nothing, and the step says why."""
+    import torch
+
+    from muarl.algorithms import get_algorithm
+    from muarl.train.grpo import untrained
+    from muarl.train.orchestrator import StepRollouts, masks
+
+    config = GRPOConfig(mask_truncated=True, group_size=4)
+    groups = [[_episode(1.0, "user_stop"), _episode(0.0, "user_stop"), _episode(0.0, "turn_token_limit"),
+               _episode(0.0, "turn_token_limit")],
+              [_episode(1.0, "user_stop")] + [_episode(0.0, "turn_token_limit") for _ in range(3)]]
+    rewards = torch.tensor([[t.reward.reward for t in g] for g in groups])
+    step = StepRollouts(groups, rewards, torch.ones(2, dtype=torch.bool), masks(groups, config), 2, 2, 0.0)
+    advantages = get_algorithm("grpo").advantages(rewards)
+    batch = step.batch(advantages)
+    trained = {(g, groups[g].index(t)): a for g, t, a in batch}
+    assert set(trained) == {(0, 0), (0, 1), (1, 0)}
+    assert trained[(0, 0)] > 0 > trained[(0, 1)] and trained[(1, 0)] > 0
+    assert trained[(0, 0)] == float(advantages[0, 0])  # the group's own advantage, masked members included
+    assert step.masked_share() == 5 / 8
+
+    lost = [[_episode(0.0, "user_stop")] + [_episode(0.0, "turn_token_limit") for _ in range(3)]]
+    both = [[_episode(0.0, "turn_token_limit")] * 2 + [_episode(1.0, "turn_token_limit")] * 2]
+    for made in (lost, both):
+        r = torch.tensor([[t.reward.reward for t in g] for g in made])
+        keep = torch.ones(1, dtype=torch.bool)
+        step = StepRollouts(made, r, keep, masks(made, config), 1, 1, 0.0)
+        got = step.batch(get_algorithm("grpo").advantages(r))
+        if made is lost:  # all failures: no signal at all, masked or not
+            assert all(a == 0 for _, _, a in got)
+        else:  # every member masked: nothing trains, and the step's line says masking did it
+            assert got == [] and "masked" in untrained({}, keep, step.masked)

@@ -117,6 +117,7 @@ def task_row(task_id: str, family: str, trajs: Sequence[Trajectory], k: int,
         "violations": violations,
         "violation_rate": _round(violations / n) if n else None,
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
+        "truncation_rate": _mean([float(t.truncated) for t in trials]),
         "sim_faults": sum(t.sim_fault for t in trajs),
         "faults": sum(bool(t.fault_kind) for t in trajs),
         **fault_rates(trajs),
@@ -161,6 +162,8 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
         "tool_calls": {name: _round(c / n) for name, c in sorted(agent_calls.items())} if n else {},
         "user_tool_calls": {name: _round(c / n) for name, c in sorted(user_calls.items())} if n else {},
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
+        # cut off at a token, context or turn limit: what a success rate cannot show RL trading for
+        "truncation_rate": _mean([float(t.truncated) for t in trials]),
         "violation_rate": _mean([float(_violated(t)) for t in trials]),
         "violations": dict(sorted(kinds.items())),
         "db_match_rate": _mean([float(not t.fault_kind and t.reward is not None and t.reward.db_match)
@@ -240,10 +243,10 @@ class EvalResult:
         excluded = c.get("sim_faults", "exclude") == "exclude"
         rule = ("policy faults counted as failures, user and tool faults left out" if excluded
                 else "every fault counted as a failure")
-        heads = [*passes, *FAULT_COLUMNS.values(), "accuracy", "TCR", "avg turns", "violation rate", "transfer rate",
-                 "tool error rate"]
-        keys = [*passes, *FAULT_COLUMNS, "accuracy", "tcr", "avg_turns", "violation_rate", "transfer_rate",
-                "tool_error_rate"]
+        heads = [*passes, "truncation rate", *FAULT_COLUMNS.values(), "accuracy", "TCR", "avg turns",
+                 "violation rate", "transfer rate", "tool error rate"]
+        keys = [*passes, "truncation_rate", *FAULT_COLUMNS, "accuracy", "tcr", "avg_turns", "violation_rate",
+                "transfer_rate", "tool_error_rate"]
         lines = [f"# Evaluation: {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}",
                  "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; {rule}), seed "
                  f"{c.get('seed')}, max turns {c.get('max_turns')}.", "",

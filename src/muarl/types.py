@@ -172,6 +172,11 @@ class Reward(_Model):
     diff: list[str] = Field(default_factory=list)
 
 
+#: the stop reasons of an episode cut off rather than ended by the user, the agent or a fault
+#: (:mod:`muarl.rollout`): a turn at its token limit, the context full, the turn limit reached
+TRUNCATED_STOPS = ("turn_token_limit", "context_limit", "max_turns")
+
+
 class Trajectory(_Model):
     """One episode, complete enough to rescore, replay, view or train on.
 
@@ -197,6 +202,13 @@ class Trajectory(_Model):
     logprobs: list[float] = Field(default_factory=list)
     reward: Reward | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the episode was cut off rather than ended (:data:`TRUNCATED_STOPS`): at the per-turn token
+        limit (the agent still talking), the context limit or the turn limit. RL can turn clean failures
+        into such babble, which pass^1 cannot see: the truncation rate is reported beside it."""
+        return self.stop_reason in TRUNCATED_STOPS
 
     @property
     def tool_fault(self) -> bool:

@@ -36,7 +36,8 @@ PANELS: list[tuple[str, list[str] | str]] = [
     ("loss", ["loss"]),
     ("grad norm", ["grad_norm"]),
     ("clip fraction", ["clip_fraction"]),
-    ("faults / violations per episode", ["sim_fault_rate", "fault_rate", "violation_rate", "malformed_calls"]),
+    ("faults / violations per episode", ["sim_fault_rate", "fault_rate", "violation_rate", "truncation_rate",
+                                           "malformed_calls"]),
     ("seconds per step", ["rollout_s", "reference_s", "update_s"]),
     # asynchronous GRPO (--max-staleness): how old the trained groups were, what was dropped, who waited
     ("staleness (updates)", ["staleness_mean", "staleness_max"]),

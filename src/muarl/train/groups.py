@@ -94,6 +94,7 @@ def rollout_metrics(groups: list[list[Trajectory]], general_tools: Sequence[str]
         "sim_fault_rate": sum(t.sim_fault for t in trajs) / n,
         "fault_rate": sum(bool(t.fault_kind) for t in trajs) / n,
         "violation_rate": sum(bool(t.reward and t.reward.violations) for t in trajs) / n,
+        "truncation_rate": sum(t.truncated for t in trajs) / n,
         "malformed_calls": sum(t.malformed_calls for t in trajs) / n,
         **{f"calls_{name}": calls[name] / n for name in general_tools},
     }

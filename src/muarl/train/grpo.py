@@ -93,8 +93,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             require_unfaulted((t for g in groups for t in g), f"GRPO step {step + 1}")
             advantages = algorithm.advantages(got.rewards)
             trained = got.trained()
-            batch = [(g, t, float(advantages[g, m])) for g, group in enumerate(groups) for m, t in enumerate(group)
-                     if trained[g][m]]
+            batch = got.batch(advantages)
             stats, ref_s, update_s = {}, 0.0, 0.0
             if batch:
                 totals = (float(sum(sum(t.loss_mask) for _, t, _ in batch)), float(len(batch)))
@@ -115,6 +114,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             rollout_s = got.rollout_s
             record = {"step": step + 1, **rollout_metrics(groups, domain.general_tools), **stats, **got.metrics,
                       "trained_sequences": len(batch), "tasks_played": got.tasks_played,
+                      "masked_share": got.masked_share(),
                       "trained_groups": int(got.keep.sum()), "rollout_s": rollout_s, "reference_s": ref_s,
                       "update_s": update_s, "tokens_per_s": tokens / max(rollout_s + ref_s + update_s, 1e-9),
                       **peak_memory(dist)}
@@ -122,8 +122,10 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             trackers.log(record, step + 1)
             if console is not None:
                 why = untrained(record, got.keep, got.masked)
+                masked = sum(map(sum, got.masked))
                 update = (f"nothing trained: {why}" if why else
-                          f"loss {record['loss']:+.4f} kl {record.get('kl', 0.0):.4f} trained {len(batch)}")
+                          f"loss {record['loss']:+.4f} kl {record.get('kl', 0.0):.4f} trained {len(batch)}"
+                          + (f" (masked {masked})" if masked else ""))
                 console.print(f"[bold]grpo step {step + 1}/{config.steps}[/bold] reward {record['reward']:.3f} "
                               f"{update} in {rollout_s + ref_s + update_s:.1f} s")
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
