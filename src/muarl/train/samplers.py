@@ -45,7 +45,24 @@ class Sampler(Protocol):
         """Release what the sampler holds (an engine's memory)."""
 
 
-class HFSampler:
+class _Unsynced:
+    """A sampler with no weights of its own to follow the trainer's: nothing to check, release, sync or
+    close."""
+
+    def check(self, model: Any, domain: Any) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def sync(self, model: Any) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+class HFSampler(_Unsynced):
     """muarl's own engine (:class:`~muarl.policies.hf.HFPolicy`) on the trainer's model object: the weights
     are shared, so there is nothing to sync."""
 
@@ -59,18 +76,6 @@ class HFSampler:
         # resumed run samples what an uninterrupted one would have sampled
         return HFPolicy((causal_lm(self.model), self.tokenizer), temperature=self.temperature,
                         max_new_tokens=self.max_new_tokens, seed=seed)
-
-    def check(self, model: Any, domain: Any) -> None:
-        pass  # it samples with the trainer's own model object
-
-    def release(self) -> None:
-        pass
-
-    def sync(self, model: Any) -> float:
-        return 0.0
-
-    def close(self) -> None:
-        pass
 
 
 class VLLMSampler:
@@ -238,25 +243,13 @@ class CopySampler:
         self.inner.close()
 
 
-class Bystander:
+class Bystander(_Unsynced):
     """The sampler of a training process that plays no episode: under ``--max-staleness`` with several
     processes one stream, rank 0's, plays them all (:class:`~muarl.train.orchestrator.Streamed`), and the
     other ranks only send their shards to rank 0's copy at each sync (a :class:`CopySampler` around this)."""
 
     def policy(self, seed: int) -> Policy:
         raise RuntimeError("this training process plays no episode: rank 0's stream plays them all")
-
-    def check(self, model: Any, domain: Any) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-    def sync(self, model: Any) -> float:
-        return 0.0
-
-    def close(self) -> None:
-        pass
 
 
 def samples_here(config: Any, dist: Dist) -> bool:
