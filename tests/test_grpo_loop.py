@@ -190,6 +190,14 @@ def test_penalize_violations_zeroes_the_reward_of_a_rule_breaking_win() -> None:
     # a negative violation reward ranks the rule-breaker under a plain failure; a careful win keeps its 1
     assert train_reward(careless, penalize_violations=True, violation_reward=-1.0) == -1.0
     assert train_reward(careful, penalize_violations=True, violation_reward=-1.0) == 1.0
+    # the same episodes cut off at the turn limit: --truncation-reward replaces their reward (the lower of
+    # the two penalties when both apply); unset, a truncated episode keeps its own
+    cut_careful = careful.model_copy(update={"stop_reason": "max_turns"})
+    cut_careless = careless.model_copy(update={"stop_reason": "turn_token_limit"})
+    assert train_reward(cut_careful) == 1.0 and train_reward(cut_careful, truncation_reward=-0.5) == -0.5
+    assert train_reward(careful, truncation_reward=-0.5) == 1.0  # ended by the user: not truncated
+    assert train_reward(cut_careless, True, -1.0, truncation_reward=-0.5) == -1.0
+    assert train_reward(cut_careless, True, 0.0, truncation_reward=-0.5) == -0.5
 
 
 def test_violation_reward_without_penalizing_is_refused() -> None:

@@ -19,7 +19,7 @@ RECIPE = ("hidden_size", "layers", "heads", "head_dim", "kv_heads", "prompt", "s
 #: the nested configs' fields the demo varies, with their options (None: the field's own)
 GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "user": None, "tasks_per_step": None, "group_size": None,
                 "kl_beta": None, "num_iterations": None, "dynamic_sampling": None, "mask_truncated": None,
-                "penalize_violations": None, "violation_reward": None, "temperature": None, "max_new_tokens": None,
+                "penalize_violations": None, "violation_reward": None, "truncation_reward": None, "temperature": None, "max_new_tokens": None,
                 "max_turns": None, "max_staleness": None, "tis_cap": None}
 SFT_OPTIONS = {"epochs": "--sft-epochs", "lr": "--sft-lr", "batch_size": "--sft-batch", "fresh_ids": None}
 

@@ -22,12 +22,22 @@ from muarl.train.grpo_config import GRPOConfig
 from muarl.types import Task, Trajectory
 
 
-def train_reward(traj: Trajectory, penalize_violations: bool = False, violation_reward: float = 0.0) -> float:
+def train_reward(traj: Trajectory, penalize_violations: bool = False, violation_reward: float = 0.0,
+                 truncation_reward: float | None = None) -> float:
     """The reward GRPO trains on: the episode's binary reward, or ``violation_reward`` if it broke a rule and
-    that is penalized (whether or not its database was right)."""
+    that is penalized (whether or not its database was right), or ``truncation_reward`` (when set) if it was
+    cut off at a token, context or turn limit (:attr:`~muarl.types.Trajectory.truncated`); both: the lower."""
     if traj.reward is None:
         return 0.0
-    return violation_reward if penalize_violations and traj.reward.violations else traj.reward.reward
+    value = violation_reward if penalize_violations and traj.reward.violations else traj.reward.reward
+    if truncation_reward is not None and traj.truncated:
+        value = min(truncation_reward, value) if penalize_violations and traj.reward.violations else truncation_reward
+    return value
+
+
+def reward_of(config: GRPOConfig) -> Callable[[Trajectory], float]:
+    """:func:`train_reward` under ``config``'s penalties."""
+    return lambda t: train_reward(t, config.penalize_violations, config.violation_reward, config.truncation_reward)
 
 
 def collect_groups(play: Callable[[list[Task], int], list[list[Trajectory]]], order: list[Task], cursor: int,
@@ -44,7 +54,7 @@ def collect_groups(play: Callable[[list[Task], int], list[list[Trajectory]]], or
         chosen = [order[(cursor + k) % len(order)] for k in range(config.tasks_per_step)]
         cursor += len(chosen)
         groups += play(chosen, batch_no)
-        rewards = torch.tensor([[train_reward(t, config.penalize_violations, config.violation_reward) for t in g] for g in groups])
+        rewards = torch.tensor([[reward_of(config)(t) for t in g] for g in groups])
         if int(informative_groups(rewards).sum()) >= config.tasks_per_step:
             break
     if not config.dynamic_sampling:

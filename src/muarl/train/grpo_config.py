@@ -63,6 +63,11 @@ class GRPOConfig(RunSettings, EpisodeLimits):
     violation_reward: float = field(default=0.0, metadata={
         "help": "with --penalize-violations: the reward of a rule-breaking episode (below 0 it also ranks under "
                 "a plain failure, so all-failed groups still teach the rule)"})
+    # None: a truncated episode trains on its own reward (0, a failure); below 0 it ranks under a clean failure
+    truncation_reward: float | None = field(default=None, metadata={
+        "help": "the training reward of an episode cut off at the per-turn token, context or turn limit (default: "
+                "its own, a failure's 0); below 0 it ranks under a clean failure, so groups teach the agent to "
+                "stop talking (issue 45; with --mask-truncated it only moves the group's baseline)"})
     # DAPO's overlong filtering: episodes cut at the per-turn token limit stay out of the gradient (they still
     # count, as failures, in their group's advantages), so their run-on tokens cannot dominate the token-mean
     mask_truncated: bool = field(default=False, metadata={

@@ -33,7 +33,7 @@ from muarl.rollout import RolloutEngine
 from muarl.train.async_rollouts import RolloutStream, take_step
 from muarl.train.distributed import Dist
 from muarl.train.engine_spec import SERVER
-from muarl.train.groups import collect_groups, step_seed, train_reward
+from muarl.train.groups import collect_groups, reward_of, step_seed
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.samplers import (
     CopySampler,
@@ -166,8 +166,7 @@ class Streamed:
 
     def _take(self) -> tuple[Any, ...]:
         assert self.stream is not None
-        return take_step(self.stream, self.cursor, self.config,
-                         lambda t: train_reward(t, self.config.penalize_violations, self.config.violation_reward))
+        return take_step(self.stream, self.cursor, self.config, reward_of(self.config))
 
     def next_step(self, step: int) -> StepRollouts:
         began, before = time.perf_counter(), self.cursor
