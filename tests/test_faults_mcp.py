@@ -350,3 +350,58 @@ def test_a_host_beyond_loopback_requires_a_token() -> None:
         pytest.fail("serve-mcp listened on 0.0.0.0 without a token")
     assert done.returncode == 2
     assert "--host 0.0.0.0" in done.stderr and "bearer token" in done.stderr
+
+
+# -- a server that dies after the agent's last call ---------------------------------------------------------------
+class _KillsItsServer(Policy):
+    """The scripted expert, whose session, when the episode ends (after the agent's last call, before the
+    grading reads the state), kills every ``muarl serve-mcp`` process this test process started: the server
+    dying between the last call and the grading, for real."""
+
+    def __init__(self) -> None:
+        from muarl.policies.expert import ExpertPolicy
+
+        self.inner = ExpertPolicy()
+        self.name = "expert-then-kill"
+
+    def session(self, domain: Any, task: Task, seed: int | None = None) -> PolicySession:
+        return _KillingSession(self.inner.session(domain, task, seed))
+
+
+class _KillingSession(PolicySession):
+    def __init__(self, inner: PolicySession):
+        self.inner = inner
+
+    async def next(self, new_messages: list[Message]) -> AgentTurn:
+        return await self.inner.next(new_messages)
+
+    def close(self) -> dict[str, Any]:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == os.getpid() and b"serve-mcp" in cmdline:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        return self.inner.close()
+
+
+def test_a_server_that_dies_after_the_last_call_is_a_tool_fault() -> None:
+    """``mcp:retail`` (muarl's own server over stdio, graded by its state): the expert plays the task right,
+    then the server is killed before the state is read. The episode is a tool fault (masked in training,
+    counted in the tool fault rate), not the agent's failure; the same episode with the server alive scores 1."""
+    from muarl.evaluate import summarize
+
+    domain = get_domain("mcp:retail")
+    task = next(t for t in domain.tasks("test") if t.gold_actions)
+    from muarl.policies.expert import ExpertPolicy
+
+    alive = asyncio.run(run_episode(domain, task, ExpertPolicy(), ScriptedUser(), seed=0))
+    assert alive.reward is not None and alive.reward.reward == 1.0 and alive.fault_kind is None
+    died = asyncio.run(run_episode(domain, task, _KillsItsServer(), ScriptedUser(), seed=0))
+    assert [r.error for r in died.tool_log] == [r.error for r in alive.tool_log]  # every call went through
+    assert died.fault_kind == "tool", died.metadata.get("fault")
+    assert "final state was read" in died.metadata["fault"]["message"]
+    metrics, _, _ = summarize([[alive, died]], {}, 2)
+    assert metrics["tool_fault_rate"] == 0.5 and metrics["trials"] == 1  # left out of success, counted as a fault

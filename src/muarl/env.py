@@ -99,6 +99,11 @@ class Env:
     def run(self, action: Action) -> ToolRecord:
         return self.call(action.name, action.arguments, actor=action.actor)
 
+    #: why this env's final state could not be read because its tool server failed (it died or stopped
+    #: answering after the agent's last call): the episode is then a tool fault, not the agent's failure
+    #: (:func:`muarl.rollout.run_episode`). Set by an env whose state lives in a server; None here.
+    state_fault: str | None = None
+
     def hash(self) -> str:
         return self.db.hash()
 

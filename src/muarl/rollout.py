@@ -119,6 +119,9 @@ async def run_episode(
     traj.tool_log = list(env.log)  # a copy: an abandoned tool thread may still append to env.log
     if fault is None:
         traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
+        if env.state_fault is not None:  # the server died after the agent's last call: its fault, not the agent's
+            _record(traj, EpisodeFault("tool", f"the tool server failed when the episode's final state was "
+                                                f"read: {env.state_fault}"))
         return traj
     _record(traj, fault)
     if fault.kind != "tool_timeout":  # a hung tool may still be writing to env: no grading

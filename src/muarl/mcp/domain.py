@@ -254,6 +254,7 @@ class MCPEnv(Env):
         reader returns when the domain has one; else the local one. An unknown state ("unavailable: ...")
         equals no other hash, another unavailable one included."""
         if self.session.fault is not None:
+            self.state_fault = self.session.fault  # the server died (during a call, or after the last one)
             return _unavailable(self.session.fault)
         if self.divergence is not None:
             return _unavailable(self.divergence)
@@ -262,6 +263,8 @@ class MCPEnv(Env):
         if self.domain.muarl_server and self.session.opened:
             outcome = self.session.call(STATE_TOOL, {}, control=True)
             if not outcome.ok:
+                if outcome.error == "tool_fault":  # no answer: the server's failure, not a state to grade
+                    self.state_fault = f"reading the state: {outcome.text}"
                 return _unavailable(outcome.text)
             return str(_json(outcome.text).get("hash"))
         if self.domain.state is not None:
@@ -282,9 +285,13 @@ class MCPEnv(Env):
                 fault = self.session.open()
                 folder = self.session.episode_dir
                 if fault is not None or folder is None:
+                    if fault is not None:
+                        self.state_fault = f"the state files cannot be read: {fault}"
                     return f"the state files cannot be read: {fault or 'the server has no episode folder'}"
                 outcome = CallOutcome(True, canonical_files(folder, probe.files))
             if not outcome.ok:
+                if outcome.error == "tool_fault":  # the server died or hung: not a state the agent left
+                    self.state_fault = f"the state reader's {probe.describe()} failed: {_brief(outcome.text)}"
                 return f"the state reader's {probe.describe()} failed: {_brief(outcome.text)}"
             parts.append((probe.describe(), outcome.text))
         self.state_parts = parts
