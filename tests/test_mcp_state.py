@@ -329,3 +329,27 @@ def test_canonical_sqlite_reads_the_schema_by_meaning_not_spelling(tmp_path: Pat
         assert canonical_file(other) != canonical_file(a), changed
     assert canonical_file(make(tmp_path / "d.db", [plain[0], "CREATE INDEX by_book ON loans (book)"])) != \
         canonical_file(a)
+
+
+@pytest.mark.parametrize("spelling", ["sh -c 'exec {server} --db-path {shared}'", "{server} --d {shared}"])
+def test_a_state_every_session_shares_is_caught_by_behaviour(tmp_path: Path, sqlite_server: str,
+                                                              spelling: str) -> None:
+    """Spellings the path check cannot see (a shell, an abbreviated option) put every episode and the gold
+    replay on one database. The grader reads the episode's state
+    before and after the gold replay: the replay changed it, so a do-nothing agent's episode is a tool fault
+    naming the shared state, never a reward of 1.0. Before, it scored 1.0 (the state read after gold wrote)."""
+    from muarl.factory import make_policy
+
+    shared = tmp_path / "shared.db"
+    _seed(shared)
+    seed_sha = _seed(tmp_path / "seed.db")
+    config = _config(tmp_path, sqlite_server)
+    data = json.loads(config.read_text())
+    data["server"] = spelling.format(server=sqlite_server, shared=shared)
+    config.write_text(json.dumps(data))
+    domain = get_domain(f"mcp:{config}")
+    task = next(t for t in domain.tasks("test") if t.id == "lend")
+    idle = asyncio.run(run_episode(domain, task, make_policy("noop"), ScriptedUser(), seed=0))
+    assert idle.reward is not None and idle.reward.reward == 0.0 and not idle.reward.db_match
+    assert idle.fault_kind == "tool" and "shares one state" in idle.metadata["fault"]["message"], idle.metadata
+    assert _sha(tmp_path / "seed.db") == seed_sha

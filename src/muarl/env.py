@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: how the hash of a state that could not be read begins (it then equals no other hash)
+UNAVAILABLE = "unavailable: "
+
 
 class Env:
     """A rollout's environment. Create one per episode with :meth:`Domain.env`."""
@@ -103,6 +106,9 @@ class Env:
     #: answering after the agent's last call): the episode is then a tool fault, not the agent's failure
     #: (:func:`muarl.rollout.run_episode`). Set by an env whose state lives in a server; None here.
     state_fault: str | None = None
+    #: whether the state lives outside muarl (a tool server's), so that another session could share it: the
+    #: grader then checks it by behaviour (:func:`muarl.rewards.score`); a private copy here cannot be shared
+    external_state: bool = False
 
     def hash(self) -> str:
         return self.db.hash()

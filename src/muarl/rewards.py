@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from muarl.db import MISSING, changes, lookup, record_hash
-from muarl.env import Env
+from muarl.env import UNAVAILABLE, Env
 from muarl.types import Check, Message, Reward, Task, ToolRecord, Trajectory, Violation
 
 if TYPE_CHECKING:
@@ -84,6 +84,22 @@ def replay(domain: Domain, task: Task, log: list[ToolRecord]) -> Env:
 
 #: One field a gold action wrote: (table, key, path inside the record).
 Field = tuple[str, str, tuple]
+
+
+def _check_own_state(env: Env, domain: Domain, first: str, second: str, after_gold: str) -> None:
+    """Set ``env.state_fault`` when the episode's state is not its own: it moved between two reads with
+    nothing in between (it changes by itself), or the gold replay, on another session, changed it (every
+    session shares one state: a do-nothing agent would score whatever gold wrote)."""
+    readings = (first, second, after_gold)
+    if any(r.startswith(UNAVAILABLE) for r in readings):
+        return  # a state that could not be read is its own story (a fault, or a rejected gold action)
+    if first != second:
+        env.state_fault = (f"the state of {domain.name} changed between two reads with nothing in between: it "
+                           "is not the episode's own (shared with something else, or unstable)")
+    elif second != after_gold:
+        env.state_fault = (f"the state of {domain.name} changed while the gold actions were replayed on a "
+                           "session of their own: every session shares one state (give each episode its own, "
+                           "e.g. with {episode_dir}), so no reward can be read from it")
 
 
 def gold_env(domain: Domain, task: Task) -> tuple[Env, list[list[Field]]]:
@@ -179,8 +195,15 @@ def score(
     if domain.scorer is not None:  # a bridged benchmark graded by its own official checker
         return domain.scorer(domain, task, trajectory, env, require_outputs)
     final = env if env is not None else replay(domain, task, trajectory.tool_log)
+    # a state kept by a tool server is read before and after the gold replay, which runs on a state of its
+    # own: if the replay changed the episode's reading (one state for every session) or two reads with nothing
+    # in between differ, no reward can be read from it (muarl.rollout records it as a tool fault)
+    before = (final.hash(), final.hash()) if final.external_state else None
     gold, effects = gold_env(domain, task)
-    db_match = final.hash() == gold.hash()
+    after = final.hash()
+    if before is not None and final.state_fault is None:
+        _check_own_state(final, domain, *before, after)
+    db_match = final.state_fault is None and after == gold.hash()  # a state not the episode's own proves nothing
     checks: list[Check] = []
     for action, effect in zip(task.gold_actions, effects, strict=True):
         if not effect:

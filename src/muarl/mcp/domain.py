@@ -54,7 +54,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from muarl.domain import Domain, load_tasks
-from muarl.env import Env
+from muarl.env import UNAVAILABLE, Env
 from muarl.mcp.client import CallOutcome, RemoteSession, RemoteTool, ServerSpec, ServerUnavailable
 from muarl.mcp.server import CONTROL_PREFIX, RESET_TOOL, STATE_TOOL, USER_TOOL
 from muarl.mcp.state import StateReader, canonical_files, shared_state_paths, state_digest
@@ -132,6 +132,8 @@ class MCPEnv(Env):
             self.shadow = domain.mirror.env(task, **(context or {}))
             self.db = self.shadow.db
         self.session = domain.session()
+        # graded by what the server reports (its state tool, a state reader): another session could share it
+        self.external_state = domain.muarl_server or domain.state is not None
         self._started = False
         #: the first server answer that differed from the local shadow's (the server is not the world graded)
         self.divergence: str | None = None
@@ -321,7 +323,7 @@ class MCPEnv(Env):
 
 def _unavailable(reason: str) -> str:
     """An unknown state's hash: a random tag makes it equal no other, so two failures never match."""
-    return f"unavailable: {reason} [{secrets.token_hex(6)}]"
+    return f"{UNAVAILABLE}{reason} [{secrets.token_hex(6)}]"
 
 
 def _as_fault(outcome: CallOutcome, what: str) -> CallOutcome:
