@@ -94,13 +94,37 @@ def test_grpo_records_its_specs_and_refuses_a_resume_on_another_domain_or_model(
     record = json.loads((out / "provenance.json").read_text())
     assert record["specs"] == {"model": "tiny", "domain": "coin_a", "user": "scripted", "split": "train",
                                "rollout_engine": "hf"}
-    assert record["model"]["path"] == str(base_path()) and record["inputs"]["domain"] == {}
+    assert record["model"]["path"] == str(base_path()) and record["inputs"]["domain"].keys() == {"tasks", "source"}
     assert record["inputs"]["model"]["model.safetensors"] == hashlib.sha256(
         (base_path() / "model.safetensors").read_bytes()).hexdigest()
     err = _refused([*argv[:4], "coin_b", *argv[5:]], capsys)
     assert "another config (domain: 'coin_a' -> 'coin_b')" in err, err
     err = _refused([*argv, "--model", "tiny-random"], capsys)
     assert "another config (model: 'tiny' -> 'tiny-random')" in err, err
+
+
+def test_a_resume_after_the_domains_tasks_changed_is_refused(tmp_path, monkeypatch, capsys):
+    """A domain without a provenance hook (the built-in ones, a plug-in) records digests of its task set and
+    its tools' source; a muarl version whose tasks changed must not resume a run started on the old ones.
+    The new version is stood in for by a registry entry of the same name with one task reworded (editing
+    muarl's own task generator is what a real upgrade does, which a test cannot). A record written before
+    these digests (``domain: {}``) resumes."""
+    monkeypatch.setitem(domain_module._REGISTRY, "coin_v", dataclasses.replace(coin, name="coin_v"))
+    out = tmp_path / "run"
+    argv = ["grpo", "--preset", "tiny", "--domain", "coin_v", "--tasks-per-step", "1", "--group-size", "2",
+            "--max-new-tokens", "8", "--max-turns", "2", "--out", str(out), "--no-progress", "--save-every", "1"]
+    assert main([*argv, "--steps", "1"]) == 0
+    reworded = dataclasses.replace(coin, name="coin_v")
+    tasks = reworded.tasks()
+    reworded._tasks = [tasks[0].model_copy(update={"instruction": tasks[0].instruction + " Please hurry."}),
+                       *tasks[1:]]
+    monkeypatch.setitem(domain_module._REGISTRY, "coin_v", reworded)
+    err = _refused([*argv, "--steps", "2"], capsys)
+    assert "inputs changed since it started (domain.tasks:" in err and "source" not in err, err
+    record = json.loads((out / "provenance.json").read_text())
+    record["inputs"]["domain"] = {}  # as muarl recorded a built-in domain before
+    (out / "provenance.json").write_text(json.dumps(record))
+    assert main([*argv, "--steps", "2"]) == 0
 
 
 def test_a_resume_compares_the_device_by_its_kind(tmp_path, monkeypatch, capsys):

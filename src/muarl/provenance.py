@@ -78,15 +78,39 @@ def package_version(module: str) -> dict[str, str | None]:
 
 
 def domain_record(domain: Domain) -> dict[str, Any]:
-    """What the domain reports through ``Domain.provenance`` ({} when it has no hook: the built-in domains,
-    whose data is muarl's own and so pinned by muarl's commit). A hook that raises is recorded as its error
-    rather than losing a finished run."""
+    """What the domain reports through ``Domain.provenance``; without a hook (the built-in domains and plug-in
+    ones), digests of its task set and its tools' source files (:func:`own_domain_record`). A hook that
+    raises is recorded as its error rather than losing a finished run."""
     hook = domain.provenance
     try:
-        found = hook() if callable(hook) else hook
+        found = hook() if callable(hook) else (hook if hook is not None else own_domain_record(domain))
     except Exception as err:  # a record, never a reason to fail the run it describes
         return {"error": f"{type(err).__name__}: {err}"}
     return dict(found or {})
+
+
+def own_domain_record(domain: Domain) -> dict[str, str]:
+    """A domain without a provenance hook: ``tasks``, the SHA-256 of every task of every split (as muarl
+    reads them: generated from the task seed or loaded), and ``source``, that of the source files defining
+    its tools. Its data may be muarl's own, but a muarl version whose tasks or tools changed must not
+    resume a run started on the old ones (a resume compares these like any other input)."""
+    import hashlib
+    import inspect
+
+    tasks = hashlib.sha256()
+    for task in domain.tasks():
+        tasks.update(task.model_dump_json().encode())
+    def source_of(fn: Any) -> str:
+        try:
+            return inspect.getsourcefile(fn) or ""
+        except TypeError:  # a builtin or C function: no file of its own
+            return ""
+
+    files = sorted({source_of(tool.fn) for tool in [*domain.tools, *domain.user_tools]} - {""})
+    source = hashlib.sha256()
+    for name in files:
+        source.update(Path(name).name.encode() + b"\0" + Path(name).read_bytes())
+    return {"tasks": tasks.hexdigest(), "source": source.hexdigest()}
 
 
 def party_record(party: Policy | UserSimulator | Mapping[str, Any], spec: str | None = None) -> dict[str, Any]:

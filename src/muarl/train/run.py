@@ -146,11 +146,12 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
     if resume is not None and (out / PROVENANCE).exists():  # a run recorded before provenance.json: not checked
         before = json.loads((out / PROVENANCE).read_text())
         recorded = before.get("inputs", {})
-        # an input recorded only since a later muarl (the model's digests, say) was not checked then: not now
+        # an input recorded only since a later muarl (the model's digests, a built-in domain's) was not
+        # checked then: not now
         then = flatten({k: v for k, v in recorded.items() if k in inputs})
         now = flatten(json.loads(json.dumps({k: v for k, v in inputs.items() if k in recorded})))
         changed = [f"{k}: {_short(then.get(k))} -> {_short(now.get(k))}" for k in sorted(set(then) | set(now))
-                   if then.get(k) != now.get(k)]
+                   if then.get(k) != now.get(k) and not _recorded_empty(recorded, k)]
         if changed:
             raise ValueError(f"{out} holds a run whose inputs changed since it started ({'; '.join(changed)}); "
                              "resuming it would not reproduce that run. Restore them, use another --out, or "
@@ -204,6 +205,13 @@ def write_config_yaml(path: Path, config: Any) -> None:
     header = (f"# the resolved settings of the run in this directory; rerun it with\n"
               f"#   muarl {command} --config {path} [--out ANOTHER_DIR]\n")
     atomic_write(path, header + yaml.safe_dump(fields, sort_keys=False, default_flow_style=False))
+
+
+def _recorded_empty(recorded: dict[str, Any], key: str) -> bool:
+    """Whether the flattened ``key``'s top-level input was recorded empty (``domain: {}`` by a muarl that kept
+    no digests of a built-in domain): its digests now are new, not changed."""
+    top = key.split(".", 1)[0]
+    return recorded.get(top) in ({}, None)
 
 
 def provenance_record(config: Any, inputs: dict[str, Any]) -> dict[str, Any]:
