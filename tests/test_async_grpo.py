@@ -81,7 +81,7 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     config, filled = resolved(GRPOConfig(kl_beta=0.0, lr=1e-9, max_staleness=2, skip_zero_advantage=False,
-                                         shared_prefix=False))
+                                         shared_prefix=False, grad_clip=1e9))  # the raw gradient is compared
     assert config.tis_cap == 2.0 and filled == {"tis_cap": 2.0}
     # a cap given is kept, 0 (off) included: nothing overrides a value the run was given
     assert resolved(GRPOConfig(max_staleness=2, tis_cap=0.0))[0].tis_cap == 0.0
@@ -97,10 +97,23 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
             weights.append(w)
             expected += float(-(advantage * w).sum()) / tokens
     assert any(float((w - 1).abs().max()) > 0.05 for w in weights)  # the weights are not all 1: a real test
+    # and by its gradient: that of the token-mean of -advantage x w x log-prob, the weight w held constant
+    # (the weight scales each token's push; it is not itself pushed on), computed by autograd by hand
+    model.zero_grad(set_to_none=True)
+    for (traj, advantage), w in zip(batch, weights, strict=True):
+        current, _ = sequence_logprobs(model, traj.token_ids, config.temperature, traj.loss_mask)
+        mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        (-(advantage * w.float() * current[mask]).sum() / tokens).backward()
+    by_hand = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
     algorithm = get_algorithm("grpo", clip_low=config.clip_low, clip_high=config.clip_high, kl_beta=0.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     stats, _, _ = policy_update(model, None, optimizer, algorithm, batch, config)
     assert stats["loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    update = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert update.keys() == by_hand.keys() and by_hand
+    for name, grad in by_hand.items():  # float noise only; a weight left out or pushed on moves it by far more
+        assert torch.allclose(update[name], grad, rtol=1e-3, atol=1e-6), (name, (update[name] - grad).abs().max())
 
 
 @pytest.mark.slow
