@@ -111,12 +111,11 @@ def test_masking_truncated_members_keeps_the_groups_success():
               [_episode(1.0, "user_stop")] + [_episode(0.0, "turn_token_limit") for _ in range(3)]]
     rewards = torch.tensor([[t.reward.reward for t in g] for g in groups])
     step = StepRollouts(groups, rewards, torch.ones(2, dtype=torch.bool), masks(groups, config), 2, 2, 0.0)
-    advantages = get_algorithm("grpo").advantages(rewards)
-    batch = step.batch(advantages)
+    advantages, batch = step.batch(get_algorithm("grpo"))
     trained = {(g, groups[g].index(t)): a for g, t, a in batch}
     assert set(trained) == {(0, 0), (0, 1), (1, 0)}
     assert trained[(0, 0)] > 0 > trained[(0, 1)] and trained[(1, 0)] > 0
-    assert trained[(0, 0)] == float(advantages[0, 0])  # the group's own advantage, masked members included
+    assert trained[(0, 0)] == float(get_algorithm("grpo").advantages(rewards)[0, 0])  # masked members included
     assert step.masked_share() == 5 / 8
 
     lost = [[_episode(0.0, "user_stop")] + [_episode(0.0, "turn_token_limit") for _ in range(3)]]
@@ -125,7 +124,7 @@ def test_masking_truncated_members_keeps_the_groups_success():
         r = torch.tensor([[t.reward.reward for t in g] for g in made])
         keep = torch.ones(1, dtype=torch.bool)
         step = StepRollouts(made, r, keep, masks(made, config), 1, 1, 0.0)
-        got = step.batch(get_algorithm("grpo").advantages(r))
+        got = step.batch(get_algorithm("grpo"))[1]
         if made is lost:  # all failures: no signal at all, masked or not
             assert all(a == 0 for _, _, a in got)
         else:  # every member masked: nothing trains, and the step's line says masking did it

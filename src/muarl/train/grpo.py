@@ -91,9 +91,8 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             got = rollouts.next_step(step)
             groups = got.groups
             require_unfaulted((t for g in groups for t in g), f"GRPO step {step + 1}")
-            advantages = algorithm.advantages(got.rewards)
+            advantages, batch = got.batch(algorithm)  # from every member's reward; masked ones then left out
             trained = got.trained()
-            batch = got.batch(advantages)
             stats, ref_s, update_s = {}, 0.0, 0.0
             if batch:
                 totals = (float(sum(sum(t.loss_mask) for _, t, _ in batch)), float(len(batch)))

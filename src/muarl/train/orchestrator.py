@@ -64,17 +64,19 @@ class StepRollouts:
         return [[bool(self.keep[g]) and bool(sum(t.loss_mask)) and not self.masked[g][m] for m, t in enumerate(group)]
                 for g, group in enumerate(self.groups)]
 
-    def batch(self, advantages: torch.Tensor) -> list[tuple[int, Trajectory, float]]:
-        """The update's sequences: (group, episode, advantage) of every trained episode.
+    def batch(self, algorithm: Any) -> tuple[torch.Tensor, list[tuple[int, Trajectory, float]]]:
+        """The step's advantages under ``algorithm`` ([groups, group_size]) and the update's sequences:
+        (group, episode, advantage) of every trained episode.
 
-        Where masking meets the group advantage: ``advantages`` come from the whole group's training
+        Where masking meets the group advantage: the advantages come from the whole group's training
         rewards, a masked member's included (a truncated episode scored 0, a failure), and masking then
         only takes the masked members' own sequences out. A group's success keeps its positive advantage
         however many of its members were masked; what masking removes is the push down on the masked
         episodes (a truncated one is never taught to stop), never the group's signal to the others."""
+        advantages = algorithm.advantages(self.rewards)
         trained = self.trained()
-        return [(g, t, float(advantages[g, m])) for g, group in enumerate(self.groups) for m, t in enumerate(group)
-                if trained[g][m]]
+        return advantages, [(g, t, float(advantages[g, m])) for g, group in enumerate(self.groups)
+                            for m, t in enumerate(group) if trained[g][m]]
 
     def masked_share(self) -> float:
         """The share of the step's episodes left out of the gradient by :func:`masks`."""
