@@ -349,3 +349,72 @@ def test_the_host_check_is_on_beyond_loopback(tmp_path: Path) -> None:
         assert post(Host=f"evil.example:{port}") == 421
         assert post(Origin="http://evil.example") == 403
         assert post() == 200
+
+
+@contextlib.asynccontextmanager
+async def _sessionless(url: str, local: str = "127.0.0.1") -> Any:
+    """A client without a connection (MCP 2026-07-28: one exchange per request, no handshake session), from
+    the source address ``local`` (any of 127/8 reaches a server on 127.0.0.1)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(local_address=local))
+    async with http, Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as client:
+        yield client
+
+
+def test_a_sessionless_flood_locks_no_one_out(tmp_path: Path, retail: Domain) -> None:
+    """--max-sessions 16: a stranger without a connection floods 100 ``new`` requests in a burst. It is given
+    2 ids (an eighth of the table) and refused the rest, in one line each; a connected client's live session
+    keeps its database through the flood, a newcomer connects and gets a session of its own, and a client
+    without a connection from another address still gets an id. An id works only from the address it was
+    issued to. Before, the flood filled the table and every newcomer was refused."""
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(url: str) -> None:
+        async with connect(url) as live:
+            assert not (await live.call_tool(cancel.name, cancel.arguments)).is_error
+            async with _sessionless(url) as stranger:
+                answers = [await stranger.call_tool("get_order_details", order, meta={"muarl/session": "new"})
+                           for _ in range(100)]
+                issued = [(a.meta or {}).get("muarl/session") for a in answers if not a.is_error]
+                refused = [text(a) for a in answers if a.is_error]
+                assert len(issued) == 2 and len(refused) == 98, refused[:1]
+                assert "this address already holds 2 session ids" in refused[0]
+                mine = await stranger.call_tool("get_order_details", order, meta={"muarl/session": issued[0]})
+                assert not mine.is_error and json.loads(text(mine))["status"] == "pending"
+                async with _sessionless(url, "127.0.0.2") as other:
+                    stolen = await other.call_tool("get_order_details", order, meta={"muarl/session": issued[0]})
+                    assert stolen.is_error and "unknown session id" in text(stolen)  # bound to its address
+                    own = await other.call_tool("get_order_details", order, meta={"muarl/session": "new"})
+                    assert not own.is_error, text(own)
+            assert await _status(live, order) == "cancelled"  # the live session kept its database
+            async with connect(url) as newcomer:
+                assert await _status(newcomer, order) == "pending"
+
+    with _serve(tmp_path, "--max-sessions", "16") as served:
+        asyncio.run(scenario(served.url))
+
+
+def test_a_sessionless_clients_own_idle_id_makes_room_and_no_one_elses() -> None:
+    """The bounds themselves, on the session table (no server): at its bound an address's own oldest id idle
+    long enough is dropped for its next; one in use is not, and another address's ids are never touched."""
+    import time
+
+    from muarl.domain import get_domain
+    from muarl.mcp.sessions import SessionEnvs, SessionRefused, own_idle
+
+    envs = SessionEnvs(get_domain("retail-lite"), max_sessions=16, idle_timeout=100.0)
+    a = [envs.resolve(None, "new", "10.0.0.1")[0] for _ in range(2)]
+    b = envs.resolve(None, "new", "10.0.0.2")[0]
+    with pytest.raises(SessionRefused, match="this address already holds 2"):
+        envs.resolve(None, "new", "10.0.0.1")
+    envs._sessions[a[0]].used = time.monotonic() - own_idle(100.0) - 1  # a's first id, idle long enough
+    fresh = envs.resolve(None, "new", "10.0.0.1")[0]
+    assert a[0] not in envs._sessions and {a[1], fresh, b} <= envs._sessions.keys()
+    with pytest.raises(SessionRefused):  # a's remaining ids are in use: the newcomer is refused
+        envs.resolve(None, "new", "10.0.0.1")
+    assert envs.resolve(None, b, "10.0.0.2") == (b, b)
+    with pytest.raises(SessionRefused, match="unknown session id"):
+        envs.resolve(None, b, "10.0.0.1")

@@ -32,6 +32,7 @@ The server is closed to the clients it serves, because one of them may be the ag
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import json
 import logging
@@ -88,6 +89,26 @@ def list_tools_result(domain: Domain) -> Any:
 def _meta_value(ctx: Any, key: str) -> Any:
     meta = ctx.meta
     return meta.get(key) if isinstance(meta, dict) else getattr(meta, key, None)
+
+
+#: the address of the HTTP request being served (set by :func:`with_client_address`): what binds and bounds
+#: the session ids of clients without a connection (:mod:`muarl.mcp.sessions`)
+CLIENT_ADDRESS: contextvars.ContextVar[str | None] = contextvars.ContextVar("muarl_mcp_client", default=None)
+
+
+def with_client_address(app: Any) -> Any:
+    """The ASGI ``app`` with each HTTP request's client address in :data:`CLIENT_ADDRESS` while it is served
+    (a session-less request is served within its own exchange, so its handler sees it)."""
+
+    async def addressed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        client = scope.get("client") if scope["type"] == "http" else None
+        token = CLIENT_ADDRESS.set(str(client[0]) if client else None)
+        try:
+            await app(scope, receive, send)
+        finally:
+            CLIENT_ADDRESS.reset(token)
+
+    return addressed
 
 
 def _connection(ctx: Any) -> Any:
@@ -161,7 +182,7 @@ def build_server(domain: Domain, *, stdio: bool, max_sessions: int = MAX_SESSION
     async def on_call_tool(ctx: Any, params: Any) -> Any:
         name, args = params.name, params.arguments if params.arguments is not None else {}
         try:
-            key, issued = envs.resolve(connection(ctx), _meta_value(ctx, SESSION_META))
+            key, issued = envs.resolve(connection(ctx), _meta_value(ctx, SESSION_META), CLIENT_ADDRESS.get())
             control = controller(ctx)
             if control and name == STATE_TOOL:
                 return text(state(key), session=issued)
@@ -245,7 +266,7 @@ def serve_http(domain: Domain, host: str = "127.0.0.1", port: int = 8000, max_se
     app = server.streamable_http_app(json_response=True,  # plain JSON replies: no SSE stream per call
                                      max_sessions=max_sessions, session_idle_timeout=idle_timeout,
                                      transport_security=transport_security(host, allowed_hosts))
-    app = without_get_streams(app)
+    app = with_client_address(without_get_streams(app))
     if auth_token:
         app = require_bearer(app, auth_token)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"

@@ -11,6 +11,13 @@ ways that no client can turn against another:
 - **Time.** An issued id unused for ``idle_timeout`` seconds is dropped (its id is then unknown). A
   connection's own database lives as long as its connection, which the SDK closes after the same idle
   time (the server gives it the same ``max_sessions`` and ``idle_timeout``).
+- **Session-less clients.** A client without a connection (an MCP 2026 client, one exchange per request)
+  may ask for ids too; each is bound to the address it came from (another address gets "unknown session
+  id"), and they are bounded apart: at most :func:`per_client_limit` per address and half the table in
+  all, so one stranger flooding ``new`` requests can neither fill the table nor lock other clients out.
+  At its bound a client's own least recently used id that has been idle :func:`own_idle` seconds makes
+  room; otherwise the newcomer is refused, and no other client's session is ever dropped. An id is a
+  bearer secret within its address: whoever holds it and reaches the server from there can use it.
 - **Disconnect.** When a connection ends (DELETE, the SDK's idle expiry, the client gone), its database
   and the ids issued to it are freed at once (:meth:`SessionEnvs.watch` hooks the connection's
   teardown), so the count frees up and the memory with it.
@@ -34,7 +41,7 @@ from muarl.env import Env
 SESSION_META = "muarl/session"
 #: the ``_meta["muarl/session"]`` value that asks the server to issue a new session id
 NEW_SESSION = "new"
-#: the owner of ids issued to requests that belong to no connection (session-less clients)
+#: the owner of ids issued to requests that belong to no connection (session-less clients), with their address
 NO_CONNECTION = "no-connection"
 #: defaults of ``muarl serve-mcp --max-sessions`` and ``--idle-timeout`` (seconds)
 MAX_SESSIONS = 4096
@@ -42,6 +49,28 @@ IDLE_TIMEOUT = 600.0
 #: each session's call log: the newest calls kept, and the characters kept of each one's arguments and output
 LOG_KEEP = 32
 LOG_CHARS = 1024
+
+
+def per_client_limit(max_sessions: int) -> int:
+    """Ids one address may hold without a connection: an eighth of the table (at least 1)."""
+    return max(1, max_sessions // 8)
+
+
+def sessionless_limit(max_sessions: int) -> int:
+    """Ids all session-less clients may hold together: half the table (at least 1), so that clients that
+    connect always find room."""
+    return max(1, max_sessions // 2)
+
+
+def own_idle(idle_timeout: float) -> float:
+    """How long a session-less client's own id must have been unused before its bound drops it for a new
+    one: a tenth of the idle timeout, at most a minute."""
+    return min(60.0, idle_timeout / 10)
+
+
+def sessionless_owner(client: str | None) -> str:
+    """The owner of an id issued without a connection: the client's address (``?`` when unknown)."""
+    return f"{NO_CONNECTION}:{client or '?'}"
 
 
 class SessionRefused(Exception):
@@ -109,6 +138,8 @@ class SessionEnvs:
         now = time.monotonic()
         for old in [k for k, s in self._sessions.items() if self._expired(s, now)]:
             del self._sessions[old]
+        if owner is not None and owner.startswith(NO_CONNECTION):
+            self._make_sessionless_room(owner, now)
         if len(self._sessions) >= self.max_sessions:
             raise SessionRefused(
                 f"Error: this server already keeps {self.max_sessions} session{'s' * (self.max_sessions != 1)} "
@@ -116,6 +147,24 @@ class SessionEnvs:
                 f"or after {self.idle_timeout:g} s unused")
         session = self._sessions[key] = Session(env if env is not None else self.domain.env(), owner)
         return session
+
+    def _make_sessionless_room(self, owner: str, now: float) -> None:
+        """Below the session-less bounds, or room made by dropping ``owner``'s own least recently used id
+        idle for :func:`own_idle` seconds; else SessionRefused (no other client's session is touched)."""
+        mine = sorted((s.used, k) for k, s in self._sessions.items() if s.owner == owner)
+        everyone = sum(1 for s in self._sessions.values() if s.owner is not None and s.owner.startswith(NO_CONNECTION))
+        per_client, total = per_client_limit(self.max_sessions), sessionless_limit(self.max_sessions)
+        if len(mine) < per_client and everyone < total:
+            return
+        if mine and now - mine[0][0] >= own_idle(self.idle_timeout):
+            del self._sessions[mine[0][1]]  # the client's own oldest idle id: its own, never another's
+            return
+        which = (f"this address already holds {per_client}" if len(mine) >= per_client else
+                 f"clients without a connection already hold {total}")
+        raise SessionRefused(f"Error: {which} session ids (a client without a connection may hold at most "
+                             f"{per_client}, all of them {total}, of --max-sessions {self.max_sessions}), so no "
+                             f"new one is issued: an id unused for {own_idle(self.idle_timeout):g} s makes room "
+                             f"for its own client's next, or connect with the initialize handshake")
 
     def get(self, key: str) -> Env:
         """The session's env (a connection's is opened on its first use); marks the session used."""
@@ -157,8 +206,9 @@ class SessionEnvs:
         self._open(key, connection)
         return key
 
-    def resolve(self, connection: str | None, asked: str | None) -> tuple[str, str | None]:
-        """(the env key of a request, the id to echo in the result's ``_meta`` or None)."""
+    def resolve(self, connection: str | None, asked: str | None, client: str | None = None) -> tuple[str, str | None]:
+        """(the env key of a request, the id to echo in the result's ``_meta`` or None). ``client``: the
+        address of a request without a connection, which the ids issued to it are bound to."""
         if asked is None:
             if connection is None:
                 raise SessionRefused(
@@ -166,13 +216,15 @@ class SessionEnvs:
                     f"connect with the initialize handshake, or send _meta {{'{SESSION_META}': '{NEW_SESSION}'}} "
                     "to be issued a session id, then send that id with every request")
             return connection, None
+        owner = connection or sessionless_owner(client)
         if asked == NEW_SESSION:
-            issued = self.issue(connection or NO_CONNECTION)
+            issued = self.issue(owner)
             return issued, issued
         session = self._live(asked) if isinstance(asked, str) else None
-        if session is None or session.owner is None or session.owner != (connection or NO_CONNECTION):
+        if session is None or session.owner is None or session.owner != owner:
             raise SessionRefused(f"Error: unknown session id: ids are issued by this server (send "
-                                 f"'{NEW_SESSION}') and are valid only on the connection that received them")
+                                 f"'{NEW_SESSION}') and are valid only on the connection (or, without one, from "
+                                 "the address) that received them")
         return asked, asked
 
     def controller(self, connection: str | None, presented: bool) -> bool:
