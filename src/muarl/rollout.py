@@ -119,7 +119,8 @@ async def run_episode(
     traj.tool_log = list(env.log)  # a copy: an abandoned tool thread may still append to env.log
     if fault is None:
         traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
-        if env.state_fault is not None:  # the server died after the agent's last call: its fault, not the agent's
+        # the server died after the agent's last call (a death during a call is in the tool log already)
+        if env.state_fault is not None and not traj.tool_fault:
             _record(traj, EpisodeFault("tool", f"the tool server failed when the episode's final state was "
                                                 f"read: {env.state_fault}"))
         return traj
