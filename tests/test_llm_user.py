@@ -406,3 +406,61 @@ def test_openai_policy_endpoint_failure_names_the_endpoint(fault: FaultServer, r
     with pytest.raises(EndpointError, match="failed after 1 retries: HTTP 502") as info:
         asyncio.run(session.next([Message(role="system", content="p"), Message(role="user", content="hi")]))
     assert fault.url in str(info.value) and info.value.retries == 1
+
+
+# -- muarl.serve generates concurrent requests together --------------------------------------------------------
+#: user turns of different lengths, the way an LLM user's requests arrive during a GRPO step
+USER_TURNS = ["Hi, I need to cancel an order.", "My email is ana@example.com.", "Yes, please go ahead.",
+              "Why was I charged twice for one order?", "Can you change my address to 12 Elm Street?",
+              "No, that is all, thank you.", "I want to return the blue lamp I bought last week.",
+              "Which payment methods do I have on file?"]
+
+
+async def _complete(url: str, bodies: list[dict[str, Any]], together: bool) -> list[dict[str, Any]]:
+    import httpx2 as httpx  # the MCP SDK's HTTP client, installed with muarl
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        async def one(body: dict[str, Any]) -> dict[str, Any]:
+            reply = await client.post(f"{url}/chat/completions", json=body)
+            return {"status": reply.status_code, **reply.json()}
+
+        if together:
+            return list(await asyncio.gather(*map(one, bodies)))
+        return [await one(body) for body in bodies]
+
+
+@pytest.mark.slow
+def test_concurrent_requests_are_generated_together_with_the_replies_they_get_alone(
+        smol: tuple[str, Path]) -> None:
+    """Eight greedy user turns sent at once (one decode batch of muarl's engine) get, token for token, the
+    replies each gets sent alone; sampled ones with a seed too."""
+    url, _ = smol
+    greedy = [{"model": "smollm2", "messages": [{"role": "system", "content": "You are a customer."},
+                                                {"role": "user", "content": turn}],
+               "temperature": 0.0, "max_tokens": 24} for turn in USER_TURNS]
+    sampled = [{**body, "temperature": 0.9, "seed": n} for n, body in enumerate(greedy)]
+    for bodies in (greedy, sampled):
+        alone = asyncio.run(_complete(url, bodies, together=False))
+        together = asyncio.run(_complete(url, bodies, together=True))
+        assert all(r["status"] == 200 for r in alone + together)
+        said = [(r["choices"][0]["message"]["content"], r["usage"]["completion_tokens"]) for r in alone]
+        assert said == [(r["choices"][0]["message"]["content"], r["usage"]["completion_tokens"]) for r in together]
+        assert len(set(said)) > 1 and all(tokens > 0 for _, tokens in said)
+
+
+@pytest.mark.slow
+def test_a_full_server_answers_503_at_once(tmp_path: Path) -> None:
+    """--max-batch 1 --max-queue 1: of six requests sent at once, two are served and the rest get 503 with
+    the reason, not a wait."""
+    cmd = [sys.executable, "-m", "muarl.serve", "--model", "tiny", "--port", "0", "--device", "cpu",
+           "--max-batch", "1", "--max-queue", "1"]
+    proc, url = start_process(cmd, tmp_path / "stderr.log", 120)
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0.0,
+                "max_tokens": 64}
+        replies = asyncio.run(_complete(url, [body] * 6, together=True))
+    finally:
+        stop_process(proc)
+    busy = [r for r in replies if r["status"] == 503]
+    assert sum(r["status"] == 200 for r in replies) >= 2 and busy, [r["status"] for r in replies]
+    assert "--max-batch" in busy[0]["error"]["message"] and busy[0]["error"]["type"] == "server_busy"

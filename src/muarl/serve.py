@@ -3,9 +3,15 @@
 ``python -m muarl.serve --model smollm2|PATH --host 127.0.0.1 --port N`` gives ``GET /v1/models`` and
 non-streaming ``POST /v1/chat/completions``, so :class:`~muarl.users.llm.LLMUser` or
 :class:`~muarl.policies.openai.OpenAIPolicy` can run against a local checkpoint with no vLLM (a laptop,
-CI, an air-gapped box). Requests are served one at a time behind an asyncio lock: a CPU box gains nothing
-from concurrent generation, and a single queue keeps greedy outputs reproducible. Generation runs in a
-worker thread, so the server still answers ``/v1/models`` while it generates.
+CI, an air-gapped box). Concurrent requests are generated together, in one decode batch of muarl's
+engine (:class:`~muarl.policies.batched_generator.BatchedGenerator`: requests join and leave it as they
+come and end; one engine per sampling setting), so the users of a GRPO step's 64 conversations wait for
+one batch, not for each other (``benchmarks/user_server.py``: 32 concurrent user turns against one at a
+time). A greedy reply is the same whether it was generated alone or beside others; a sampled one with a
+``seed`` too (each request draws from its own generator). At most ``--max-batch`` requests generate at
+once and ``--max-queue`` more wait; past that the server answers 503 at once. ``--one-at-a-time`` serves
+them in turn with transformers' ``generate`` instead, as before. Generation runs in worker threads, so the
+server still answers ``/v1/models`` while it generates.
 
 Tool calls use the Hermes convention (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``): when
 the chat template does not render ``tools`` itself, they are described in the system message, and the
@@ -206,15 +212,20 @@ class Generator:
                 messages.insert(0, {"role": "system", "content": preamble.lstrip()})
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
+    def prompt_ids(self, req: GenRequest) -> list[int]:
+        """The request's prompt as token ids (a BadRequest when it and ``max_tokens`` overflow the context)."""
+        ids = self.tokenizer(self.render(req), add_special_tokens=False).input_ids
+        if len(ids) + req.max_tokens > self.context:
+            raise BadRequest(f"prompt of {len(ids)} tokens + max_tokens {req.max_tokens} exceeds the "
+                             f"context window of {self.context}", "messages")
+        return list(ids)
+
     def generate(self, req: GenRequest) -> dict[str, Any]:
-        """One completion as an OpenAI ``chat.completion`` object (blocking; call from a worker thread)."""
+        """One completion with transformers' ``generate`` (``--one-at-a-time``; blocking: call from a worker
+        thread), as an OpenAI ``chat.completion`` object."""
         import torch
 
-        prompt = self.render(req)
-        ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
-        if ids.shape[1] + req.max_tokens > self.context:
-            raise BadRequest(f"prompt of {ids.shape[1]} tokens + max_tokens {req.max_tokens} exceeds the "
-                             f"context window of {self.context}", "messages")
+        ids = torch.tensor([self.prompt_ids(req)])
         sample = req.temperature > 0
         kwargs: dict[str, Any] = {"max_new_tokens": req.max_tokens, "do_sample": sample,
                                   "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
@@ -229,7 +240,11 @@ class Generator:
         device = next(self.model.parameters()).device
         with torch.no_grad():
             out = self.model.generate(ids.to(device), attention_mask=torch.ones_like(ids).to(device), **kwargs)
-        new = out[0, ids.shape[1]:].tolist()
+        return self.completion(req, int(ids.shape[1]), out[0, ids.shape[1]:].tolist())
+
+    def completion(self, req: GenRequest, prompt_tokens: int, new: list[int]) -> dict[str, Any]:
+        """The ``chat.completion`` object of the ``new`` tokens sampled after a prompt of ``prompt_tokens``:
+        text up to the first stop string, Hermes tool-call blocks as OpenAI ``tool_calls``."""
         finish = "stop" if new and new[-1] in self.eos else "length"
         # keep special tokens other than end-of-turn: in some vocabularies (muarl's tiny model) <tool_call> is one
         text = self.tokenizer.decode([t for t in new if t not in self.eos], skip_special_tokens=False)
@@ -247,9 +262,56 @@ class Generator:
             "created": int(time.time()),
             "model": self.name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": int(ids.shape[1]), "completion_tokens": len(new),
-                      "total_tokens": int(ids.shape[1]) + len(new)},
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(new),
+                      "total_tokens": prompt_tokens + len(new)},
         }
+
+
+class Busy(RuntimeError):
+    """More requests than the server generates and queues at once: answered 503 at once."""
+
+
+class BatchedServing:
+    """Concurrent requests generated together by muarl's engine, one :class:`BatchedGenerator` per sampling
+    setting (a greedy request's and a sampled one's cannot share a decode step), created when first asked
+    for and all on the same model. A request beyond ``max_batch`` generating and ``max_queue`` waiting is
+    :class:`Busy`. Stop strings are applied to the text afterwards (the engine stops at end of turn or
+    ``max_tokens``)."""
+
+    def __init__(self, generator: Generator, max_batch: int = 32, max_queue: int = 256):
+        self.generator, self.max_batch, self.max_queue = generator, max_batch, max_queue
+        self.engines: dict[tuple[float, float], Any] = {}
+        self.in_flight = 0
+
+    def engine(self, req: GenRequest) -> Any:
+        from muarl.policies.batched_generator import BatchedGenerator
+
+        key = (req.temperature, req.top_p) if req.temperature > 0 else (0.0, 1.0)
+        if key not in self.engines:
+            self.engines[key] = BatchedGenerator(self.generator.model, self.generator.eos, key[0], key[1],
+                                                 self.max_batch)
+        return self.engines[key]
+
+    async def complete(self, req: GenRequest) -> dict[str, Any]:
+        import secrets
+
+        import torch
+
+        from muarl.policies.batched_generator import TokenSequence
+
+        if self.in_flight >= self.max_batch + self.max_queue:
+            raise Busy(f"the server is generating {self.max_batch} replies and has {self.max_queue} more waiting "
+                       "(--max-batch, --max-queue): retry later")
+        self.in_flight += 1
+        try:
+            ids = await asyncio.to_thread(self.generator.prompt_ids, req)
+            engine = self.engine(req)
+            seed = req.seed if req.seed is not None else secrets.randbits(62)
+            seq = TokenSequence(generator=torch.Generator(device=engine.device).manual_seed(seed))
+            new, _, _ = await engine.generate(seq, ids, req.max_tokens)
+            return self.generator.completion(req, len(ids), new)
+        finally:
+            self.in_flight -= 1
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
@@ -257,9 +319,17 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
                         status_code=status)
 
 
-def build_app(generator: Generator, log_requests: Path | None = None, max_tokens_limit: int = 4096) -> Starlette:
-    """The Starlette app; ``generator`` does the work, one request at a time."""
+def build_app(generator: Generator, log_requests: Path | None = None, max_tokens_limit: int = 4096,
+              batched: BatchedServing | None = None) -> Starlette:
+    """The Starlette app; ``batched`` generates concurrent requests together, else ``generator`` does, one
+    request at a time."""
     lock = asyncio.Lock()
+
+    async def complete(req: GenRequest) -> dict[str, Any]:
+        if batched is not None:
+            return await batched.complete(req)
+        async with lock:
+            return await asyncio.to_thread(generator.generate, req)
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [
@@ -275,11 +345,11 @@ def build_app(generator: Generator, log_requests: Path | None = None, max_tokens
             with log_requests.open("a") as fh:
                 fh.write(json.dumps(body) + "\n")
         try:
-            req = parse_request(body, max_tokens_limit)
-            async with lock:
-                result = await asyncio.to_thread(generator.generate, req)
+            result = await complete(parse_request(body, max_tokens_limit))
         except BadRequest as err:
             return _error(400, str(err), err.param)
+        except Busy as err:
+            return _error(503, str(err), kind="server_busy")
         except Exception as err:  # a server must answer, not die: the client sees a 500
             return _error(500, f"generation failed: {type(err).__name__}: {err}", kind="server_error")
         return JSONResponse(result)
@@ -306,14 +376,24 @@ def main(argv: list[str] | None = None) -> None:
                         "spinning OpenMP threads of several processes starve each other")
     p.add_argument("--max-tokens-limit", type=int, default=4096)
     p.add_argument("--log-requests", type=Path, default=None, help="append each request body to this JSONL file")
+    p.add_argument("--max-batch", type=int, default=32, help="requests generated together at most")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond those; past it: HTTP 503")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="one request at a time with transformers' generate (the server before batching)")
     args = p.parse_args(argv)
+    for name in ("max_batch", "max_tokens_limit"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_queue < 0:
+        p.error("--max-queue must be 0 or more")
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     model, tokenizer = load(args.model, device=args.device)
     generator = Generator(model, tokenizer, args.served_name or args.model)
-    app = build_app(generator, args.log_requests, args.max_tokens_limit)
+    batched = None if args.one_at_a_time else BatchedServing(generator, args.max_batch, args.max_queue)
+    app = build_app(generator, args.log_requests, args.max_tokens_limit, batched)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
