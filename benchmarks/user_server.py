@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import select
 import subprocess
 import sys
 import time
 from typing import Any
+
+from muarl.serve import wait_ready
 
 SCENARIOS = ["cancel an order that has not shipped", "return a lamp bought last week", "change a shipping address",
              "ask why a card was charged twice", "swap a size M shirt for a size L", "update the email on file",
@@ -46,15 +47,9 @@ def bodies(count: int, max_tokens: int) -> list[dict[str, Any]]:
 def start(extra: list[str]) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "muarl.serve", "--model", "smollm2", "--port", "0", "--device", "cpu", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            if line.startswith("ready "):
-                return proc, line.split()[1]
-        if proc.poll() is not None:
-            break
+    url = wait_ready(proc, 300)
+    if url is not None:
+        return proc, url
     proc.kill()
     raise SystemExit(f"{' '.join(cmd)} did not become ready")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from muarl.endpoint import EndpointError
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.policies.openai import OpenAIPolicy
 from muarl.rollout import EpisodeConfig, run_episode
-from muarl.serve import parse_tool_calls
+from muarl.serve import parse_tool_calls, wait_ready
 from muarl.types import Message, Task, ToolCall, Trajectory
 from muarl.users.base import STOP, SimulatorFault
 from muarl.users.llm import AGENT_GREETING, LLMUser, parse_stop
@@ -40,16 +39,9 @@ def start_process(cmd: list[str], log: Path, timeout: float) -> tuple[subprocess
     """Start a server process and wait for its ``ready URL`` line (stderr goes to ``log``)."""
     err = log.open("w")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=TESTS.parent)
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if line.startswith("ready "):
-                return proc, line.split()[1]
-        if proc.poll() is not None:
-            break
+    url = wait_ready(proc, timeout)
+    if url is not None:
+        return proc, url
     proc.kill()
     raise RuntimeError(f"{' '.join(cmd)} did not become ready:\n{log.read_text()[-2000:]}")
 

@@ -360,6 +360,25 @@ def build_app(generator: Generator, log_requests: Path | None = None, max_tokens
     ])
 
 
+def wait_ready(proc: Any, timeout: float) -> str | None:
+    """The URL on a server process's ``ready URL ...`` line (:func:`main` prints it once the socket accepts
+    connections; read from ``proc.stdout``, a text pipe), waited for up to ``timeout`` seconds; None if the
+    process exits or is not ready by then (the caller says why, with its log)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            line = proc.stdout.readline()
+            if line.startswith("ready "):
+                return line.split()[1]
+            if not line and proc.poll() is not None:
+                return None
+        elif proc.poll() is not None:
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
