@@ -122,9 +122,11 @@ def test_results_tables_show_the_fault_rates_by_party_beside_pass1(broken_run, c
     monkeypatch.setenv("COLUMNS", "200")
     md = (out / "results.md").read_text()
     head = next(line for line in md.splitlines() if line.startswith("| pass^1"))
-    assert head.startswith("| pass^1 | pass^2 | policy fault rate | user fault rate | tool fault rate | accuracy"), head
+    assert head.startswith("| pass^1 | pass^2 | policy fault rate | user fault rate | tool fault rate | truncation rate "
+                           "| accuracy"), head
     values = md.splitlines()[md.splitlines().index(head) + 2]
-    assert values.startswith("| 0.400 | 0.400 | 0.500 | 0.167 | 0.000 | 0.400 |"), values
+    truncated = f"{result.metrics['truncation_rate']:.3f}"
+    assert values.startswith(f"| 0.400 | 0.400 | 0.500 | 0.167 | 0.000 | {truncated} | 0.400 |"), values
     assert "| policy_timeout | 2 | as failures |" in md and "| user | 2 | left out |" in md
     assert "## Faults (policy faults counted as failures, the others left out)" in md
     # muarl view's overview: the same success, the rates right after it

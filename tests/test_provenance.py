@@ -18,9 +18,17 @@ import counter_plugin
 import muarl
 from muarl import demo
 from muarl.cli import main
+from muarl.domain import get_domain
 from muarl.evaluate import evaluate
 from muarl.factory import make_policy, make_user
-from muarl.provenance import compare, differences, git_commit, muarl_commit, package_version
+from muarl.provenance import (
+    compare,
+    differences,
+    git_commit,
+    muarl_commit,
+    own_domain_record,
+    package_version,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAIN = "counter_plugin:domain"
@@ -44,7 +52,9 @@ def test_eval_results_record_muarl_the_domain_the_policy_and_the_user(tmp_path):
     assert record["muarl"]["version"] == muarl.__version__
     if (ROOT / ".git").exists():  # run from a checkout (the tests always are, but a copy is not)
         assert _is_commit(record["muarl"]["commit"]), record["muarl"]
-    assert record["domains"] == {"counter-desk": {}}  # a domain without a hook: muarl's commit pins it
+    # a domain without a hook: digests of its task set and its tools' source, as they were read
+    assert record["domains"] == {"counter-desk": own_domain_record(get_domain(DOMAIN))}
+    assert record["domains"]["counter-desk"].keys() == {"tasks", "source"}
     assert record["policy"] == {"spec": "counter_plugin:expert", "name": "counter-expert"}
     assert record["user"] == {"spec": "counter_plugin:CounterUser", "name": "counter-user"}
     # an interrupted run (config.json and trajectories only) still says what produced it
@@ -140,7 +150,8 @@ def test_synth_report_records_the_teacher_user_and_domain(tmp_path):
     record = report["provenance"]
     assert record["policy"] == {"spec": "counter_plugin:expert", "name": "counter-expert"}
     assert record["user"] == {"spec": "counter_plugin:CounterUser", "name": "counter-user"}
-    assert record["domains"] == {"counter-desk": {}} and record["muarl"]["version"] == muarl.__version__
+    assert record["domains"] == {"counter-desk": own_domain_record(get_domain(DOMAIN))}
+    assert record["muarl"]["version"] == muarl.__version__
 
 
 def test_demo_summary_records_both_models_and_the_user(tmp_path, monkeypatch):

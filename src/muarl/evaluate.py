@@ -243,9 +243,9 @@ class EvalResult:
         excluded = c.get("sim_faults", "exclude") == "exclude"
         rule = ("policy faults counted as failures, user and tool faults left out" if excluded
                 else "every fault counted as a failure")
-        heads = [*passes, "truncation rate", *FAULT_COLUMNS.values(), "accuracy", "TCR", "avg turns",
+        heads = [*passes, *FAULT_COLUMNS.values(), "truncation rate", "accuracy", "TCR", "avg turns",
                  "violation rate", "transfer rate", "tool error rate"]
-        keys = [*passes, "truncation_rate", *FAULT_COLUMNS, "accuracy", "tcr", "avg_turns", "violation_rate",
+        keys = [*passes, *FAULT_COLUMNS, "truncation_rate", "accuracy", "tcr", "avg_turns", "violation_rate",
                 "transfer_rate", "tool_error_rate"]
         lines = [f"# Evaluation: {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}",
                  "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; {rule}), seed "

@@ -8,7 +8,8 @@ engine (:class:`~muarl.policies.batched_generator.BatchedGenerator`: requests jo
 come and end; one engine per sampling setting), so the users of a GRPO step's 64 conversations wait for
 one batch, not for each other (``benchmarks/user_server.py``: 32 concurrent user turns against one at a
 time). A greedy reply is the same whether it was generated alone or beside others; a sampled one with a
-``seed`` too (each request draws from its own generator). At most ``--max-batch`` requests generate at
+``seed`` draws from its own generator, so it is the same each time it is sent the same way (batched and
+alone, a draw within float rounding of a token's boundary can differ). At most ``--max-batch`` requests generate at
 once and ``--max-queue`` more wait; past that the server answers 503 at once. ``--one-at-a-time`` serves
 them in turn with transformers' ``generate`` instead, as before. Generation runs in worker threads, so the
 server still answers ``/v1/models`` while it generates.
