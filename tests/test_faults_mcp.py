@@ -402,6 +402,6 @@ def test_a_server_that_dies_after_the_last_call_is_a_tool_fault() -> None:
     died = asyncio.run(run_episode(domain, task, _KillsItsServer(), ScriptedUser(), seed=0))
     assert [r.error for r in died.tool_log] == [r.error for r in alive.tool_log]  # every call went through
     assert died.fault_kind == "tool", died.metadata.get("fault")
-    assert "final state was read" in died.metadata["fault"]["message"]
+    assert "final state could not be read" in died.metadata["fault"]["message"]
     metrics, _, _ = summarize([[alive, died]], {}, 2)
     assert metrics["tool_fault_rate"] == 0.5 and metrics["trials"] == 1  # left out of success, counted as a fault

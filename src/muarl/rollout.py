@@ -121,8 +121,8 @@ async def run_episode(
         traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
         # the server died after the agent's last call (a death during a call is in the tool log already)
         if env.state_fault is not None and not traj.tool_fault:
-            _record(traj, EpisodeFault("tool", f"the tool server failed when the episode's final state was "
-                                                f"read: {env.state_fault}"))
+            _record(traj, EpisodeFault("tool", f"the episode's final state could not be read from its tool "
+                                                f"server: {env.state_fault}"))
         return traj
     _record(traj, fault)
     if fault.kind != "tool_timeout":  # a hung tool may still be writing to env: no grading
