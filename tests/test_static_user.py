@@ -197,3 +197,33 @@ def test_user_static_on_the_command_line(tmp_path: Path) -> None:
     assert parser.parse_args(["grpo", "--out", "o", "--user", "static"]).user == "static"
     assert parser.parse_args(["rollout", "--domain", "retail", "--out", "o", "--user", "static"]).user == "static"
     assert getattr(parser.parse_args(["demo", "--user", "static"]), "grpo.user") == "static"  # the GRPO stage's
+
+
+#: how a retail customer names a refund method, by the prefix of its id: written here, not taken from the
+#: script that words the opening, so that the check does not agree with itself
+REFUND_WORDS = {"paypal_": "paypal", "gift_card_": "gift card", "credit_card_": "credit card"}
+
+
+def test_retail_openings_state_what_the_gold_actions_need_in_the_customers_words() -> None:
+    """Every retail-lite test task, checked against facts this test writes or looks up itself (the task's
+    gold arguments, the order's items in the database), not against the script that builds the opening:
+    the order id verbatim; a cancellation says "cancel" and its reason verbatim; a return says "return",
+    names every returned item as the order lists it, and the refund method in the words above."""
+    domain = get_domain("retail-lite")
+    tasks = domain.tasks("test")
+    assert {i.action for t in tasks for i in t.scenario.intents} == {"cancel_pending_order",
+                                                                    "return_delivered_order_items"}
+    for task in tasks:
+        said = _opening(domain, task).lower()
+        items = {item["item_id"]: item["name"] for intent in task.scenario.intents
+                 for item in domain.env(task).db["orders"][intent.args["order_id"]]["items"]}
+        for intent in task.scenario.intents:
+            args = intent.args
+            assert args["order_id"].lower() in said, (task.id, said)
+            if intent.action == "cancel_pending_order":
+                assert "cancel" in said and args["reason"].lower() in said, (task.id, said)
+            else:
+                assert "return" in said, (task.id, said)
+                assert all(items[i].lower() in said for i in args["item_ids"]), (task.id, said)
+                word = next(w for prefix, w in REFUND_WORDS.items() if args["payment_method_id"].startswith(prefix))
+                assert word in said, (task.id, args["payment_method_id"], said)
