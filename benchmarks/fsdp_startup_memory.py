@@ -13,6 +13,10 @@ state, activations and the runtime itself.
 
     python benchmarks/fsdp_startup_memory.py                   # 28 layers (596M parameters), about 15 GB at once
     python benchmarks/fsdp_startup_memory.py --layers 8        # 281M parameters, about 7 GB
+    python benchmarks/fsdp_startup_memory.py --layers 8 --untied   # the head a matrix of its own (Qwen3-8B and up)
+
+``--gradient-checkpointing`` runs both with activation checkpointing, as muarl turns it on on a GPU at these
+sizes (off by default on the CPU).
 
 Last line: ``peak memory per rank, 4 ranks vs 1: worst N.NNx, mean N.NNx`` (the bar: worst <= 0.55x, mean <=
 0.40x). The runs go one after the other, so the 4 ranks never share the machine with the 1-process run.
@@ -35,18 +39,20 @@ from grpo_step import SHAPES  # noqa: E402  (a sibling script, not a package)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def checkpoint(directory: Path, layers: int) -> int:
+def checkpoint(directory: Path, layers: int, untied: bool = False) -> int:
     """A random-weight Qwen3-0.6B-wide checkpoint with ``layers`` layers in ``directory`` (kept between runs);
-    its parameter count."""
+    its parameter count. ``untied``: its output head a matrix of its own, as Qwen3-8B's and up are (the
+    method's sizes), where Qwen3-0.6B ties it to the embeddings."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from muarl.models import base_path
 
-    config = Qwen3Config(**{**SHAPES["qwen3-0.6b"], "num_hidden_layers": layers}, tie_word_embeddings=True,
+    config = Qwen3Config(**{**SHAPES["qwen3-0.6b"], "num_hidden_layers": layers}, tie_word_embeddings=not untied,
                          max_position_embeddings=40960)
     marker = directory / "benchmark.json"
-    if marker.is_file() and json.loads(marker.read_text()).get("layers") == layers:
+    shape = {"layers": layers, "untied": untied}
+    if marker.is_file() and {k: json.loads(marker.read_text()).get(k, False) for k in shape} == shape:
         return json.loads(marker.read_text())["parameters"]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -56,7 +62,7 @@ def checkpoint(directory: Path, layers: int) -> int:
     for name in TOKENIZER_FILES:  # the shipped base's tokenizer: ids beyond its vocabulary are never sampled
         if (base_path() / name).is_file():
             shutil.copy(base_path() / name, directory / name)
-    marker.write_text(json.dumps({"layers": layers, "parameters": count}))
+    marker.write_text(json.dumps({**shape, "parameters": count}))
     return count
 
 
@@ -67,7 +73,7 @@ def run(ranks: int, model: Path, out: Path, args: argparse.Namespace) -> dict:
                "--tasks-per-step", str(args.tasks), "--group-size", str(args.group_size),
                "--max-new-tokens", str(args.max_new_tokens), "--max-turns", str(args.max_turns), "--kl-beta", "0.04",
                "--micro-batch-size", "1", "--save-every", "0", "--report-to", "none", "--no-progress",
-               "--out", str(out)]
+               "--out", str(out)] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
     launcher = ([sys.executable, "-m", "muarl"] if ranks == 1 else
                 [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
                  "-m", "muarl"])
@@ -85,6 +91,11 @@ def run(ranks: int, model: Path, out: Path, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=28, help="decoder layers (Qwen3-0.6B has 28)")
+    parser.add_argument("--untied", action="store_true",
+                        help="an output head of its own (Qwen3-8B and up), not tied to the embeddings as 0.6B's is")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="activation checkpointing in both runs, as muarl turns it on on a GPU at these sizes "
+                             "(a micro-batch's activations above a quarter of free memory); off on the CPU by default")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=4, help="tasks in the step (each rank plays its share)")
     parser.add_argument("--group-size", type=int, default=2)
@@ -94,8 +105,9 @@ def main() -> None:
                         help="where the checkpoint and the runs go (the checkpoint is kept for the next run)")
     args = parser.parse_args()
     work = Path(args.dir)
-    count = checkpoint(work / "checkpoint", args.layers)
-    print(f"model: Qwen3-0.6B widths, {args.layers} layers, {count / 1e6:.0f}M parameters "
+    count = checkpoint(work / "checkpoint", args.layers, args.untied)
+    print(f"model: Qwen3-0.6B widths, {args.layers} layers, {'untied' if args.untied else 'tied'} head, "
+          f"{count / 1e6:.0f}M parameters "
           f"({count * 4 / 2**30:.2f} GiB in float32)", flush=True)
     one = run(1, work / "checkpoint", work / "one", args)
     many = run(args.ranks, work / "checkpoint", work / f"ranks{args.ranks}", args)

@@ -55,10 +55,26 @@ def _weights(out: Path) -> dict:
     return load_file(out / "model" / "model.safetensors")
 
 
-def _start() -> dict:
+def _start(model: str = "tiny") -> dict:
     from muarl.models import load
 
-    return load("tiny")[0].state_dict()
+    return load(model)[0].state_dict()
+
+
+def _untied(directory: Path) -> str:
+    """The tiny model with its output head untied from its embeddings (Qwen3-8B and up are untied), in
+    ``directory``: the head starts as a copy of the embeddings, a parameter of its own, so a sharded run has
+    embeddings and head as units of their own (``muarl.train.sharding.shard``)."""
+    import torch
+
+    from muarl.models import load
+
+    model, tokenizer = load("tiny")
+    model.config.tie_word_embeddings = False
+    model.get_output_embeddings().weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
 
 
 def _same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...]) -> None:
@@ -74,22 +90,27 @@ def _same_metrics(one: list[dict], two: list[dict], keys: tuple[str, ...]) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [0, 4], ids=["full-untied", "lora"])
 def test_two_sharded_ranks_take_the_steps_of_one_unsharded_process(tmp_path, lora):
     """SFT and GRPO (with its KL term, so the sharded reference is used) on two sharded ranks against one
     unsharded process: the same losses, gradient norms and weights; each rank wrote its own shard file; the
-    rollout engine samples from the updated shards (mismatch_kl at float noise)."""
+    rollout engine samples from the updated shards (mismatch_kl at float noise). Full fine-tuning runs on
+    the tiny model untied (embeddings and head sharded as units of their own), LoRA on it tied (one root
+    unit), as the other sharded tests do."""
     data = write_sft_data(tmp_path / "sft.jsonl")
+    model = "tiny" if lora else _untied(tmp_path / "untied")
     extra = ["--lora-r", str(lora)] if lora else []
     for ranks, fsdp in ((1, []), (2, ["--fsdp"])):
-        _muarl(ranks, *SFT, "--data", str(data), "--out", str(tmp_path / f"sft{ranks}"), *extra, *fsdp)
-        _muarl(ranks, *GRPO, "--steps", "2", "--out", str(tmp_path / f"grpo{ranks}"), *extra, *fsdp)
+        _muarl(ranks, *SFT, "--model", model, "--data", str(data), "--out", str(tmp_path / f"sft{ranks}"), *extra,
+               *fsdp)
+        _muarl(ranks, *GRPO, "--model", model, "--steps", "2", "--out", str(tmp_path / f"grpo{ranks}"), *extra,
+               *fsdp)
     _same_metrics(_metrics(tmp_path / "sft1"), _metrics(tmp_path / "sft2"), ("loss", "grad_norm", "target_tokens"))
     grpo1, grpo2 = _metrics(tmp_path / "grpo1"), _metrics(tmp_path / "grpo2")
     _same_metrics(grpo1, grpo2, ("reward", "trained_sequences", "loss", "kl", "grad_norm", "entropy", "clip_fraction"))
     assert all(m["grad_norm"] > 0 and m["trained_sequences"] > 0 for m in grpo2)
     assert all(m["mismatch_kl"] < 1e-6 for m in grpo2)  # the engine's copy followed the shards
-    start = _start()
+    start = _start(model)
     for run in ("sft", "grpo"):
         assert_same_step(start, _weights(tmp_path / f"{run}1"), _weights(tmp_path / f"{run}2"))
         shards = tmp_path / f"{run}2" / "checkpoints" / "step_1" / "shards"

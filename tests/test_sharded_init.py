@@ -44,3 +44,17 @@ def test_two_ranks_start_without_a_whole_copy_and_gather_only_where_needed(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     held = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert sum(h["held"] for h in held) == held[0]["total"]  # the two halves make the whole, once
+
+
+@pytest.mark.slow
+def test_gathers_fill_uneven_shards_in_any_dtype_and_untied_heads_are_units(tmp_path):
+    """``gather_into`` on three ranks with rows that do not divide (one rank holding none), into float32 and
+    bfloat16 copies, on every rank and on rank 0 alone; gloo's whole-buffer collectives are refused there.
+    An untied model's embeddings and head are sharded as units of their own, a tied one's are not
+    (tests/gather_worker.py)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
+           str(TESTS / "gather_worker.py")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -21,6 +21,7 @@ from muarl.faults import RunFailed
 from muarl.policies.base import Policy, PolicySession
 from muarl.train.distributed import Dist
 from muarl.train.engine_spec import SERVER, server_endpoints
+from muarl.train.memory import give_back_freed
 from muarl.train.weights import causal_lm, is_lora, merged_weights
 
 #: how many of the opening prompt's last positions :meth:`VLLMSampler.check` compares (the trainer builds
@@ -227,6 +228,7 @@ class CopySampler:
             for name, param in self.plain.named_parameters():  # tied weights are one parameter, named once
                 self.released[name] = param.shape
                 param.data = param.data.new_empty(0)
+        give_back_freed()
 
     def _allocate(self) -> None:
         with torch.no_grad():

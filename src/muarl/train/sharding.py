@@ -1,8 +1,9 @@
 """Sharded training on torch's FSDP2 (``--fsdp``): each rank holds 1/N of the parameters, gradients and
 optimizer state.
 
-``torch.distributed.fsdp.fully_shard`` is applied to every decoder layer and then to the causal LM itself
-(the root: embeddings, final norm and output head, tied or not, in one unit). A layer's parameters are
+``torch.distributed.fsdp.fully_shard`` is applied to every decoder layer, to the input embeddings and the
+output head when they are not tied (each its own unit), and then to the causal LM itself (the root: the
+final norm, and the embeddings and head when tied, one parameter used at both ends). A layer's parameters are
 all-gathered just before it runs and freed after; its gradients are reduce-scattered as its backward ends,
 so a rank never holds more than its shards plus a layer or two in full. Nothing here shards by itself:
 this module only decides the units, the precision and the offload, and moves state in and out.
@@ -14,7 +15,8 @@ Three things FSDP2 asks of the code around it, and where muarl answers them:
   vocabulary-sized logits are built only at scored positions. :func:`decoder` is that call; on a sharded
   model it goes through ``muarl_decoder``, a method of the root registered as an FSDP forward method. The
   root keeps its parameters gathered after its forward (FSDP2 does this for the root: backward needs
-  them at once), so the output head applied afterwards sees whole weights.
+  them at once), so a tied output head applied afterwards sees whole weights; an untied head is a unit
+  of its own, gathered by its own hooks when it is called.
 - **The same collectives on every rank.** Every forward of a sharded model all-gathers, every backward
   reduce-scatters: all ranks must run the same number of passes, though their shares of a step differ in
   length and count. :func:`idle_passes` runs the missing passes on a two-token input with a zero loss.
@@ -92,6 +94,12 @@ def shard(model: Any, dist: Dist, bf16: bool = False, offload: bool = False) -> 
     }
     for layer in lm.model.layers:
         fully_shard(layer, **options)
+    embeddings, head = lm.get_input_embeddings(), lm.get_output_embeddings()
+    if head is not None and head.weight is not embeddings.weight:
+        # untied (Qwen3-8B and up): each vocabulary-sized matrix is a unit of its own, gathered only around its
+        # own use; in the root both stay gathered from the embedding's forward to the end of backward
+        fully_shard(embeddings, **options)
+        fully_shard(head, **options)
     lm.muarl_decoder = types.MethodType(_decoder_forward, lm)
     fully_shard(lm, **options)
     register_fsdp_forward_method(lm, "muarl_decoder")
@@ -166,36 +174,93 @@ def shard_rows(full_rows: int, rank: int, world: int) -> tuple[int, int]:
 
 def _gather_rows(param: Any, target: torch.Tensor | None, to_main: bool) -> None:
     """Every rank's rows of the dim-0 sharded ``param`` into ``target`` (on every rank, or on rank 0 only
-    with ``to_main``; None where nothing is received). Each rank sends its rows padded to one chunk (the
-    collectives want equal sizes); a rank's rows go straight into ``target`` where they fill a whole chunk
-    of the same dtype and device, else through a chunk-sized buffer copied in after."""
+    with ``to_main``; None where nothing is received), with no whole-parameter temporary where ``target``
+    can receive in place: gloo flattens a list all-gather or gather (and its ``all_gather_into_tensor``)
+    through a whole buffer of its own and copies out after, a whole temporary of every parameter on every
+    rank at each sync (0.6 GB for a 152k x 1,024 embedding; measured in benchmarks/fsdp_startup_memory.py).
+
+    With ``to_main`` the ranks send their rows point to point and rank 0 receives each straight into its
+    rows of ``target`` (through one shard-sized buffer where ``target``'s dtype or device differs: a bf16
+    copy of float32 shards, a CPU copy of GPU shards). Otherwise every rank casts its shard to ``target``'s
+    dtype (shard-sized) and one ``all_gather_into_tensor`` lands in ``target`` itself where its rows are
+    whole chunks (the collective wants equal sizes; FSDP2's last chunks may be shorter), else in one buffer
+    copied in after; a target on another device than the shards (an in-process vLLM engine's CPU copy of
+    GPU shards) receives through such a buffer on the shards' device."""
     local = param.to_local().detach()
     mesh = param.device_mesh
     rows, world = param.shape[0], mesh.size()
     # a one-rank mesh asks no process group (an in-process vLLM engine re-registers the default one)
     main = world == 1 or mesh.get_local_rank() == 0
-    chunk = shard_rows(rows, 0, world)[1]
+    if world == 1:
+        if target is not None:
+            target.copy_(local)
+        return
+    group = mesh.get_group()
+    spans = [shard_rows(rows, r, world) for r in range(world)]
+    if to_main:
+        if not main:
+            s, e = spans[mesh.get_local_rank()]
+            if e > s:
+                torch.distributed.send(local[:e - s].contiguous(), group=group, group_dst=0)
+            return
+        for r, (s, e) in enumerate(spans):
+            if e == s:
+                continue
+            into = target[s:e] if target is not None else None  # None: received and dropped
+            direct = into is not None and into.dtype == local.dtype and into.device == local.device
+            piece = into if direct else local.new_empty((e - s, *local.shape[1:]))
+            if r == 0:
+                piece.copy_(local[:e - s])
+            else:
+                torch.distributed.recv(piece, group=group, group_src=r)
+            if into is not None and not direct:
+                into.copy_(piece)
+        return
+    if target is None:
+        raise ValueError("an all-gather gives every rank the whole parameter: every rank needs a target "
+                         "(to_main=True gathers to rank 0 alone)")
+    local = local.to(target.dtype)  # every rank receives, so every rank casts its own rows (shard-sized)
+    if torch.distributed.get_backend(group) == "gloo":  # its all-gather receives into a whole temporary first
+        _exchange_rows(local, target, spans, mesh.get_local_rank(), group)
+        return
+    chunk = spans[0][1]
     if local.shape[0] < chunk:
         padded = local.new_zeros((chunk, *local.shape[1:]))
         padded[:local.shape[0]] = local
         local = padded
-    receives = target is not None and (main or not to_main)
-    direct = receives and target.dtype == local.dtype and target.device == local.device
-    spans = [shard_rows(rows, r, world) for r in range(world)]
-    pieces = [target[s:e] if direct and e - s == chunk else torch.empty_like(local) for s, e in spans] \
-        if receives else None
-    if world == 1:
-        if pieces is not None:
-            pieces[0].copy_(local)
-    elif to_main:
-        torch.distributed.gather(local, pieces if main else None, group=mesh.get_group(), group_dst=0)
-    else:
-        torch.distributed.all_gather(pieces if pieces is not None else [torch.empty_like(local) for _ in spans],
-                                     local, group=mesh.get_group())
-    if pieces is not None:
-        for (s, e), piece in zip(spans, pieces, strict=True):
-            if e > s and piece.data_ptr() != target[s:e].data_ptr():
-                target[s:e].copy_(piece[:e - s])
+    whole = chunk * world == rows and target.device == local.device and target.is_contiguous()
+    out = target if whole else local.new_empty((chunk * world, *local.shape[1:]))
+    torch.distributed.all_gather_into_tensor(out, local.contiguous(), group=group)
+    if not whole:
+        target.copy_(out[:rows])
+
+
+def _exchange_rows(local: torch.Tensor, target: torch.Tensor, spans: list[tuple[int, int]], me: int,
+                  group: Any) -> None:
+    """An all-gather of dim-0 rows (rank r holds rows ``spans[r]``, uneven or empty) into ``target`` on every
+    rank, point to point, each rank's rows received straight into their place: gloo's
+    ``all_gather_into_tensor`` (like its list all-gather) receives into a whole temporary of its own first,
+    on every rank at once (0.6 GB more per rank for a 152k x 1,024 embedding). A target on another device
+    than ``local`` receives through a shard-sized buffer per rank."""
+    s, e = spans[me]
+    mine = local[:e - s].contiguous()
+    target[s:e].copy_(mine)
+    direct = target.device == local.device
+    ops, received = [], []
+    for r, (s, e) in enumerate(spans):
+        if r == me:
+            continue
+        if mine.shape[0]:
+            ops.append(torch.distributed.P2POp(torch.distributed.isend, mine, group=group, group_peer=r))
+        if e > s:
+            piece = target[s:e] if direct else local.new_empty((e - s, *local.shape[1:]))
+            ops.append(torch.distributed.P2POp(torch.distributed.irecv, piece, group=group, group_peer=r))
+            received.append((s, e, piece))
+    for work in torch.distributed.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    if not direct:
+        for s, e, piece in received:
+            target[s:e].copy_(piece)
 
 
 def _options() -> Any:
@@ -304,7 +369,7 @@ def save_final_sharded(out: Path, model: Any, tokenizer: Any, config: Any, dist:
     from muarl.train.weights import is_lora, save_final
 
     plain = plain_copy(config) if dist.main else None
-    gather_into(model, plain, only_trainable=is_lora(model))
+    gather_into(model, plain, only_trainable=is_lora(model), to_main=True)
     if not dist.main:
         return out / "model", model
     return save_final(out, plain, tokenizer, config.merge_lora), plain

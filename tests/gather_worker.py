@@ -1,0 +1,68 @@
+"""Run by tests/test_sharded_init.py on each of three ranks (``torchrun``, gloo): ``gather_into`` fills an
+unsharded copy from FSDP2 shards whose rows do not divide evenly (a 2-row parameter leaves rank 2 no rows, a
+7-row one gives the ranks 3, 3 and 1), into a copy of the shards' dtype and into a bfloat16 one, on every
+rank (all-gather) and on rank 0 alone; on gloo without its whole-buffer collectives. Then muarl's units:
+an untied model's embeddings and head are units of their own, a tied model's one parameter stays in the
+root. Every check is an assert: a failing rank exits non-zero."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import fully_shard
+
+from muarl.train.distributed import setup
+from muarl.train.sharding import gather_into
+
+
+class Toy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.few = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+        self.uneven = torch.nn.Parameter(torch.arange(28, dtype=torch.float32).reshape(7, 4) / 7)
+        self.flat = torch.nn.Parameter(torch.arange(9, dtype=torch.float32) - 4)
+
+
+def whole_buffer(*args, **kwargs):
+    raise AssertionError("gloo's all-gather receives into a whole temporary: the rows go point to point")
+
+
+if __name__ == "__main__":
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist = setup("cpu", group=True)
+    assert dist.world == 3
+    expected = Toy()
+    model = fully_shard(Toy(), mesh=init_device_mesh("cpu", (3,)))
+    assert model.few.to_local().shape[0] == (0 if dist.rank == 2 else 1)
+    all_gather_into_tensor, all_gather = torch.distributed.all_gather_into_tensor, torch.distributed.all_gather
+    torch.distributed.all_gather_into_tensor = torch.distributed.all_gather = whole_buffer
+    for dtype in (torch.float32, torch.bfloat16):
+        every = Toy().to(dtype)
+        with torch.no_grad():
+            for p in every.parameters():
+                p.zero_()
+        gather_into(model, every)
+        for name, param in every.named_parameters():
+            assert torch.equal(param, getattr(expected, name).to(dtype)), (dtype, name, param)
+        main = Toy().to(dtype) if dist.main else None
+        if main is not None:
+            with torch.no_grad():
+                for p in main.parameters():
+                    p.zero_()
+        gather_into(model, main, to_main=True)
+        if main is not None:
+            for name, param in main.named_parameters():
+                assert torch.equal(param, getattr(expected, name).to(dtype)), (dtype, name, param)
+    torch.distributed.all_gather_into_tensor, torch.distributed.all_gather = all_gather_into_tensor, all_gather
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from muarl.models import checkpoint_root
+    from muarl.train.sharding import shard
+
+    for tied in (True, False):
+        config = AutoConfig.from_pretrained(checkpoint_root("tiny"), tie_word_embeddings=tied)
+        lm = shard(AutoModelForCausalLM.from_config(config), dist)
+        units = [isinstance(m, FSDPModule) for m in (lm.get_input_embeddings(), lm.get_output_embeddings())]
+        assert units == [not tied, not tied], (tied, units)
+    torch.distributed.barrier()
