@@ -461,3 +461,30 @@ def test_a_full_server_answers_503_at_once(tmp_path: Path) -> None:
     busy = [r for r in replies if r["status"] == 503]
     assert sum(r["status"] == 200 for r in replies) >= 2 and busy, [r["status"] for r in replies]
     assert "--max-batch" in busy[0]["error"]["message"] and busy[0]["error"]["type"] == "server_busy"
+
+
+@pytest.mark.slow
+def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
+    """``--user llm`` with no URL (issue 42 item 3): ``muarl eval`` starts muarl's SmolLM2 server for the run
+    from the working directory (relative ``--out``), plays against it, keeps its log in the run directory,
+    records ``llm`` (not this run's port, so a resume starts its own) and stops the server at the end. A
+    command that is not a muarl command's run (``make_user("llm")`` alone) is refused in one line."""
+    import re
+    import socket
+
+    from muarl.factory import SpecError, make_user
+
+    done = subprocess.run(["muarl", "eval", "--domain", "retail-lite", "--policy", "expert", "--user", "llm", "--k",
+                           "1", "--limit", "1", "--max-turns", "2", "--user-max-tokens", "8", "--out", "run",
+                           "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = re.search(r"SmolLM2 served at http://127\.0\.0\.1:(\d+)/v1", done.stderr)
+    assert served, done.stderr[-2000:]
+    assert (tmp_path / "run" / "user-server.log").is_file()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["user"] == "llm"
+    results = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]
+    assert results["episodes"] == 1 and results["user_fault_rate"] == 0.0, results
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(served.group(1))), timeout=2):
+        pass  # the server is gone with the run
+    with pytest.raises(SpecError, match="embedded user server"):
+        make_user("llm")

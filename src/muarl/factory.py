@@ -27,7 +27,7 @@ from muarl.users.base import UserSimulator
 POLICY_FORMS = ("expert | expert-noconfirm | noop | hf:PATH | vllm:PATH | vllm-server:URL#MODEL | openai:URL#MODEL"
                 " | module:attr")
 #: the accepted --user forms
-USER_FORMS = "scripted | static | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
+USER_FORMS = "scripted | static | llm (SmolLM2, served for the run) | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
 
 
 class SpecError(ValueError):
@@ -108,6 +108,10 @@ def make_user(spec: str, http_timeout: float | None = None, max_tokens: int | No
         from muarl.users.static import StaticUser
 
         return StaticUser()
+    if spec == "llm":  # the embedded server a muarl command started for its run (muarl.users.embedded)
+        from muarl.users.embedded import resolve
+
+        spec = resolve(spec)
     if spec.startswith("llm:"):
         from muarl.users.llm import LLMUser
 

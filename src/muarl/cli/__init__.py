@@ -68,9 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from muarl.domain import data_option
     from muarl.factory import SpecError
     from muarl.faults import RunFailed
+    from muarl.users.embedded import specs_in, user_server
 
     try:
-        with data_option(getattr(args, "data_dir", None)):
+        with data_option(getattr(args, "data_dir", None)), user_server(specs_in(args), getattr(args, "out", None)):
             return args.func(args)
     except RunFailed as err:  # the run played, but measured nothing (or its data would be wrong): one line
         return _error(err, 1)
