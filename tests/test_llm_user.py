@@ -25,7 +25,7 @@ from muarl.endpoint import EndpointError
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.policies.openai import OpenAIPolicy
 from muarl.rollout import EpisodeConfig, run_episode
-from muarl.serve import parse_tool_calls, wait_ready
+from muarl.serve import parse_tool_calls, stop_server, wait_ready
 from muarl.types import Message, Task, ToolCall, Trajectory
 from muarl.users.base import STOP, SimulatorFault
 from muarl.users.llm import AGENT_GREETING, LLMUser, parse_stop
@@ -47,12 +47,7 @@ def start_process(cmd: list[str], log: Path, timeout: float) -> tuple[subprocess
 
 
 def stop_process(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_server(proc)
 
 
 class FaultServer:

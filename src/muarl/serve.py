@@ -380,6 +380,19 @@ def wait_ready(proc: Any, timeout: float) -> str | None:
     return None
 
 
+def stop_server(proc: Any, grace: float = 10.0) -> None:
+    """Stop a server process started by a caller: SIGTERM, then SIGKILL if it is still there after
+    ``grace`` seconds."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 

@@ -66,7 +66,7 @@ def user_server(specs: Iterable[str], run_dir: str | Path | None) -> Iterator[st
     ``muarl-user-server.log`` without a run directory."""
     global _endpoint
     from muarl.factory import SpecError
-    from muarl.serve import wait_ready
+    from muarl.serve import stop_server, wait_ready
 
     if EMBEDDED not in set(specs) or _endpoint is not None:
         yield _endpoint
@@ -91,9 +91,4 @@ def user_server(specs: Iterable[str], run_dir: str | Path | None) -> Iterator[st
         yield _endpoint
     finally:
         _endpoint = None
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
