@@ -109,9 +109,9 @@ def make_user(spec: str, http_timeout: float | None = None, max_tokens: int | No
 
         return StaticUser()
     if spec == "llm":  # the embedded server a muarl command started for its run (muarl.users.embedded)
-        from muarl.users.embedded import resolve
+        from muarl.users.embedded import MAX_TOKENS, resolve
 
-        spec = resolve(spec)
+        spec, max_tokens = resolve(spec), max_tokens or MAX_TOKENS
     if spec.startswith("llm:"):
         from muarl.users.llm import LLMUser
 

@@ -24,6 +24,9 @@ from pathlib import Path
 EMBEDDED = "llm"
 #: the model it serves
 MODEL = "smollm2"
+#: a message's token cap unless --user-max-tokens says otherwise: a customer's turn is a sentence or two, and
+#: uncapped SmolLM2 may run on to the server's limit (8 openings at once then outlast the user timeout)
+MAX_TOKENS = 64
 #: how long the server may take to load and bind (SmolLM2 converts from its GGUF once, about a minute)
 READY_TIMEOUT = 600.0
 
