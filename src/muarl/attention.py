@@ -189,7 +189,6 @@ def prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         record_kv.append((key, value))
     if prefix_kv is not None:
         kp, vp = prefix_kv[module.layer_idx]
-        kp, vp = kp.to(query.dtype), vp.to(query.dtype)  # the prefix pass may have run outside autocast
         if query.device.type == "cpu" and dropout == 0.0:
             out = _TwoPartAttention.apply(query, kp, vp, key, value,
                                           scaling if scaling is not None else query.shape[-1] ** -0.5)
