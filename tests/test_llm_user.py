@@ -462,17 +462,35 @@ def test_a_full_server_answers_503_at_once(tmp_path: Path) -> None:
 def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
     """``--user llm`` with no URL (issue 42 item 3): ``muarl eval`` starts muarl's SmolLM2 server for the run
     from the working directory (relative ``--out``), plays against it, keeps its log in the run directory,
-    records ``llm`` (not this run's port, so a resume starts its own) and stops the server at the end. A
-    command that is not a muarl command's run (``make_user("llm")`` alone) is refused in one line."""
+    records ``llm`` (not this run's port, so a resume starts its own) and stops the server at the end. The
+    user that played is SmolLM2 (its opening is not the scripted user's for the same task and seed), each
+    message within the default cap (``muarl.users.embedded.MAX_TOKENS``). A command that is not a muarl
+    command's run (``make_user("llm")`` alone) is refused in one line."""
     import re
     import socket
 
-    from muarl.factory import SpecError, make_user
+    from transformers import AutoTokenizer
 
-    done = subprocess.run(["muarl", "eval", "--domain", "retail-lite", "--policy", "expert", "--user", "llm", "--k",
-                           "1", "--limit", "1", "--max-turns", "2", "--user-max-tokens", "8", "--out", "run",
-                           "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    from muarl.factory import SpecError, make_user
+    from muarl.models import smollm2_path
+    from muarl.users.embedded import MAX_TOKENS
+
+    def run(user: str, out: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["muarl", "eval", "--domain", "retail-lite", "--policy", "expert", "--user", user, "--k",
+                               "1", "--limit", "1", "--max-turns", "2", "--out", out, "--quiet"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=900)
+
+    def user_messages(out: str) -> list[str]:
+        episode = json.loads((tmp_path / out / "trajectories.jsonl").read_text().splitlines()[0])
+        return [m["content"] for m in episode["messages"] if m["role"] == "user"]
+
+    done = run("llm", "run")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert run("scripted", "scripted").returncode == 0
+    said = user_messages("run")
+    assert said and said[0] != user_messages("scripted")[0], said
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path())
+    assert all(len(tokenizer(text)["input_ids"]) <= MAX_TOKENS for text in said), said
     served = re.search(r"SmolLM2 served at http://127\.0\.0\.1:(\d+)/v1", done.stderr)
     assert served, done.stderr[-2000:]
     assert (tmp_path / "run" / "user-server.log").is_file()
