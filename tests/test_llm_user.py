@@ -471,9 +471,9 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
 
     from transformers import AutoTokenizer
 
-    from muarl.factory import SpecError, make_user
+    from muarl.factory import make_user
     from muarl.models import smollm2_path
-    from muarl.users.embedded import MAX_TOKENS
+    from muarl.users.embedded import MAX_TOKENS, UserServerError
 
     def run(user: str, out: str) -> subprocess.CompletedProcess:
         return subprocess.run(["muarl", "eval", "--domain", "retail-lite", "--policy", "expert", "--user", user, "--k",
@@ -499,5 +499,5 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
     assert results["episodes"] == 1 and results["user_fault_rate"] == 0.0, results
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", int(served.group(1))), timeout=2):
         pass  # the server is gone with the run
-    with pytest.raises(SpecError, match="embedded user server"):
+    with pytest.raises(UserServerError, match="embedded user server"):
         make_user("llm")

@@ -40,6 +40,11 @@ def _drain(proc: subprocess.Popen, log: Path) -> None:
             out.write(line)
 
 
+class UserServerError(ValueError):
+    """``--user llm`` could not be served: outside a muarl command, or the server did not start. A ValueError
+    like factory.SpecError (not that class: factory imports this module), so commands print it in one line."""
+
+
 def specs_in(args: object) -> list[str]:
     """The user specs a parsed command line names: ``--user`` (``muarl demo``'s ``grpo.user``), and each of
     ``muarl ablate``'s ``--train-users`` / ``--eval-users``."""
@@ -51,12 +56,10 @@ def specs_in(args: object) -> list[str]:
 
 def resolve(spec: str) -> str:
     """``llm:URL#smollm2`` of the running embedded server for ``llm``; any other spec as it is."""
-    from muarl.factory import SpecError
-
     if spec != EMBEDDED:
         return spec
     if _endpoint is None:
-        raise SpecError("--user llm needs muarl's embedded user server, which only a muarl command starts "
+        raise UserServerError("--user llm needs muarl's embedded user server, which only a muarl command starts "
                         "(eval, synth, grpo, demo, ablate); elsewhere pass llm:URL#MODEL of a running server")
     return _endpoint
 
@@ -68,7 +71,6 @@ def user_server(specs: Iterable[str], run_dir: str | Path | None) -> Iterator[st
     ``user-server.log`` (``user-server.rankN.log`` on rank N > 0 of a launch), or to the current directory's
     ``muarl-user-server.log`` without a run directory."""
     global _endpoint
-    from muarl.factory import SpecError
     from muarl.serve import stop_server, wait_ready
 
     if EMBEDDED not in set(specs) or _endpoint is not None:
@@ -86,7 +88,7 @@ def user_server(specs: Iterable[str], run_dir: str | Path | None) -> Iterator[st
     try:
         url = wait_ready(proc, READY_TIMEOUT)
         if url is None:
-            raise SpecError(f"--user llm: muarl's user server ({' '.join(command[1:])}) did not start; its log: "
+            raise UserServerError(f"--user llm: muarl's user server ({' '.join(command[1:])}) did not start; its log: "
                             f"{log}")
         _endpoint = f"llm:{url}#{MODEL}"
         threading.Thread(target=_drain, args=(proc, log), daemon=True).start()  # a full pipe would stall it
