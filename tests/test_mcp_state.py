@@ -23,6 +23,8 @@ import hashlib
 import json
 import sqlite3
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import pytest
 from conftest import require
 from muarl.domain import get_domain, save_tasks
 from muarl.mcp import mcp_domain
+from muarl.mcp.client import ServerSpec
 from muarl.mcp.state import canonical_file, shared_state_paths
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import score
@@ -280,6 +283,10 @@ def test_a_state_path_every_episode_shares_is_refused_before_the_run(
     (["mcp-server-time", "--local-timezone", "America/New_York"], {}, []),
     (["python", "server.py", "--verbose"], {}, []),
     (["mcp-server-filesystem", "./notes"], {}, ["./notes"]),
+    (["mcp-server-sqlite", "--db-path", "{episode_dir}/../x.db"], {}, ["--db-path {episode_dir}/../x.db"]),
+    (["srv", "{episode_dir}/a/../../x.db"], {"NOTES_HOME": "{episode_dir}/a/../.."},
+     ["{episode_dir}/a/../../x.db", "NOTES_HOME={episode_dir}/a/../.."]),
+    (["srv", "--state-dir", "{episode_dir}/a/.."], {}, []),  # climbs back to the episode folder: still its own
     (["python", "-m", "muarl", "serve-mcp", "retail"], {}, []),  # a folder named retail is here too
 ])
 def test_shared_state_paths_by_spelling(command: list[str], env: dict[str, str], found: list[str],
@@ -331,25 +338,56 @@ def test_canonical_sqlite_reads_the_schema_by_meaning_not_spelling(tmp_path: Pat
         canonical_file(a)
 
 
-@pytest.mark.parametrize("spelling", ["sh -c 'exec {server} --db-path {shared}'", "{server} --d {shared}"])
-def test_a_state_every_session_shares_is_caught_by_behaviour(tmp_path: Path, sqlite_server: str,
-                                                              spelling: str) -> None:
-    """Spellings the path check cannot see (a shell, an abbreviated option) put every episode and the gold
-    replay on one database. The grader reads the episode's state
-    before and after the gold replay: the replay changed it, so a do-nothing agent's episode is a tool fault
-    naming the shared state, never a reward of 1.0. Before, it scored 1.0 (the state read after gold wrote)."""
+@pytest.mark.parametrize("spelling", ["sh -c 'exec {server} --db-path {shared}'", "{server} --d {shared}",
+                                      "{server} --db-path {{episode_dir}}/../shared.db"])
+def test_a_state_every_session_shares_is_caught_by_behaviour(tmp_path: Path, sqlite_server: str, spelling: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spellings that put every episode and the gold replay on one database: a shell and an abbreviated
+    option (the path check cannot see them), and ``{episode_dir}/../`` (the folder every episode folder is
+    made in; the path check refuses it, ``shared_state`` lets it through here). The grader reads the
+    episode's state before and after the gold replay: the replay changed it, so a do-nothing agent's episode
+    is a tool fault naming the shared state, never a reward of 1.0. Before, it scored 1.0 (the state read
+    after gold wrote), or 0 without a fault for ``../`` (the file was not seeded there)."""
     from muarl.factory import make_policy
 
-    shared = tmp_path / "shared.db"
+    episodes = tmp_path / "episodes"  # where the episode folders are made, so that ../shared.db is ours
+    episodes.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(episodes))
+    shared = (episodes if "episode_dir" in spelling else tmp_path) / "shared.db"
     _seed(shared)
     seed_sha = _seed(tmp_path / "seed.db")
     config = _config(tmp_path, sqlite_server)
     data = json.loads(config.read_text())
     data["server"] = spelling.format(server=sqlite_server, shared=shared)
     config.write_text(json.dumps(data))
+    if "episode_dir" in spelling:
+        with pytest.raises(ValueError, match="one state for every episode"):
+            get_domain(f"mcp:{config}")
+        config.write_text(json.dumps({**data, "shared_state": True}))
     domain = get_domain(f"mcp:{config}")
     task = next(t for t in domain.tasks("test") if t.id == "lend")
     idle = asyncio.run(run_episode(domain, task, make_policy("noop"), ScriptedUser(), seed=0))
     assert idle.reward is not None and idle.reward.reward == 0.0 and not idle.reward.db_match
     assert idle.fault_kind == "tool" and "shares one state" in idle.metadata["fault"]["message"], idle.metadata
     assert _sha(tmp_path / "seed.db") == seed_sha
+
+
+def test_a_server_whose_state_no_argument_names_is_caught_by_behaviour(tmp_path: Path) -> None:
+    """A server that keeps its state where its own code says (here ``./plain-state`` in the folder it is
+    started in; no argument or variable names it, so no spelling can see it): every episode and the gold
+    replay share it. A do-nothing agent's episode is a tool fault, not 1.0; so is the next one, whose server
+    starts on the note the first gold replay left (and would have matched gold's reading with nothing done)."""
+    from muarl.factory import make_policy
+
+    plain = Path(__file__).with_name("mcp_plain_server.py")
+    ask = "Please note that I need milk."
+    task = Task(id="note", domain="notes", split="test", family="note", user_id="u",
+                scenario=Scenario(persona="a shopper", intents=[Intent(description=ask, question=ask, answer="ok")]),
+                instruction=ask, gold_actions=[Action(name="note_add", arguments={"text": "milk"})])
+    domain = mcp_domain(ServerSpec(command=(sys.executable, str(plain)), cwd=str(tmp_path)), name="notes",
+                        tasks=[task], read_only=["note_list", "echo", "pid"], state=[{"tool": "note_list"}])
+    for _ in range(2):
+        idle = asyncio.run(run_episode(domain, task, make_policy("noop"), ScriptedUser(), seed=0))
+        assert idle.reward is not None and idle.reward.reward == 0.0, idle.reward
+        assert idle.fault_kind == "tool" and "shares one state" in idle.metadata["fault"]["message"], idle.metadata
+    assert (tmp_path / "plain-state").is_dir()  # the one state every session wrote

@@ -215,6 +215,19 @@ def _spelled_as_path(arg: str) -> bool:
     return "/" in arg or arg in (".", "..") or arg.startswith("~")
 
 
+def _per_episode(value: str) -> bool:
+    """Whether ``value`` names a place inside ``{episode_dir}``: it mentions it, and no ``..`` climbs out
+    (``{episode_dir}/../x.db`` is the folder every episode folder sits in, one file for all of them)."""
+    if EPISODE_DIR not in value:
+        return False
+    for rest in value.split(EPISODE_DIR)[1:]:
+        tail = re.split(r"[\s:;,]", rest, maxsplit=1)[0]  # the path goes on to the next separator
+        inside = os.path.normpath("/episode" + tail)
+        if inside != "/episode" and not inside.startswith("/episode/"):
+            return False
+    return True
+
+
 def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str | Path | None = None) -> list[str]:
     """Where a stdio server's command or environment names a state path outside ``{episode_dir}``: every
     episode's server (and every gold replay's) would open the same file. ``["--db-path seed.db"]``, say.
@@ -222,7 +235,7 @@ def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str 
     A heuristic, by spelling: an option or variable whose name says state (``--db-path``, ``--data-dir``,
     ``NOTES_HOME``) with a path for its value, or a bare argument that is a database file or an existing
     folder spelled as a path (``./notes``, not ``notes``: a bare word may be a name, such as a domain's).
-    Anything containing ``{episode_dir}`` is per episode and never counts.
+    Anything inside ``{episode_dir}`` is per episode and never counts (``{episode_dir}/../x`` is not inside).
     """
     where = Path(cwd) if cwd and EPISODE_DIR not in str(cwd) else Path.cwd()
     args, found = list(command)[1:], []
@@ -234,14 +247,14 @@ def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str 
             if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
                 value, i = args[i + 1], i + 1
                 arg = f"{name} {value}"
-            if value and _STATE_NAME.search(name) and EPISODE_DIR not in value and _path_like(value, where):
+            if value and _STATE_NAME.search(name) and not _per_episode(value) and _path_like(value, where):
                 found.append(arg)
-        elif EPISODE_DIR not in arg and (arg.lower().endswith(_STATE_SUFFIX) or (_spelled_as_path(arg)
+        elif not _per_episode(arg) and (arg.lower().endswith(_STATE_SUFFIX) or (_spelled_as_path(arg)
                                                                             and (where / arg).is_dir())):
             found.append(arg)
         i += 1
     for key, value in env.items():
-        if (_STATE_NAME.search(key) and key.upper() not in _SEARCH_PATHS and EPISODE_DIR not in value
+        if (_STATE_NAME.search(key) and key.upper() not in _SEARCH_PATHS and not _per_episode(value)
                 and _path_like(value, where)):
             found.append(f"{key}={value}")
     return found
