@@ -42,6 +42,7 @@ from muarl.types import Action, Intent, Message, Scenario, Task, ToolCall, Traje
 from muarl.users.scripted import ScriptedUser
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow  # real server processes
 
 
@@ -372,22 +373,37 @@ def test_a_state_every_session_shares_is_caught_by_behaviour(tmp_path: Path, sql
     assert _sha(tmp_path / "seed.db") == seed_sha
 
 
-def test_a_server_whose_state_no_argument_names_is_caught_by_behaviour(tmp_path: Path) -> None:
-    """A server that keeps its state where its own code says (here ``./plain-state`` in the folder it is
-    started in; no argument or variable names it, so no spelling can see it): every episode and the gold
-    replay share it. A do-nothing agent's episode is a tool fault, not 1.0; so is the next one, whose server
-    starts on the note the first gold replay left (and would have matched gold's reading with nothing done)."""
+@pytest.mark.parametrize("server", ["stdio, a fixed folder", "http, process-global"])
+def test_a_server_whose_state_no_argument_names_is_caught_by_behaviour(tmp_path: Path, server: str) -> None:
+    """Servers that keep their state where their own code says, so no spelling can see it: a stdio server
+    writing ``./plain-state`` in the folder it starts in, and a URL server with one notes list in its
+    process for every session. Every episode and the gold replay share it. A do-nothing agent's episode is a
+    tool fault, not 1.0; so is the next one, whose server starts on the note the first gold replay left."""
+    from mcp_helpers import free_port, stop, wait_listening
     from muarl.factory import make_policy
 
-    plain = Path(__file__).with_name("mcp_plain_server.py")
     ask = "Please note that I need milk."
     task = Task(id="note", domain="notes", split="test", family="note", user_id="u",
                 scenario=Scenario(persona="a shopper", intents=[Intent(description=ask, question=ask, answer="ok")]),
                 instruction=ask, gold_actions=[Action(name="note_add", arguments={"text": "milk"})])
-    domain = mcp_domain(ServerSpec(command=(sys.executable, str(plain)), cwd=str(tmp_path)), name="notes",
-                        tasks=[task], read_only=["note_list", "echo", "pid"], state=[{"tool": "note_list"}])
-    for _ in range(2):
-        idle = asyncio.run(run_episode(domain, task, make_policy("noop"), ScriptedUser(), seed=0))
-        assert idle.reward is not None and idle.reward.reward == 0.0, idle.reward
-        assert idle.fault_kind == "tool" and "shares one state" in idle.metadata["fault"]["message"], idle.metadata
-    assert (tmp_path / "plain-state").is_dir()  # the one state every session wrote
+    proc = None
+    if server.startswith("stdio"):
+        spec: ServerSpec | str = ServerSpec(command=(sys.executable, str(HERE / "mcp_plain_server.py")),
+                                            cwd=str(tmp_path))
+    else:
+        port, log = free_port(), tmp_path / "server.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen([sys.executable, str(HERE / "mcp_global_http_server.py"), str(port)],
+                                    stderr=err, text=True)
+        wait_listening(proc, "127.0.0.1", port, log.read_text)
+        spec = f"http://127.0.0.1:{port}/mcp"
+    try:
+        domain = mcp_domain(spec, name="notes", tasks=[task], read_only=["note_list"], state=[{"tool": "note_list"}])
+        for _ in range(2):
+            idle = asyncio.run(run_episode(domain, task, make_policy("noop"), ScriptedUser(), seed=0))
+            assert idle.reward is not None and idle.reward.reward == 0.0, idle.reward
+            assert idle.fault_kind == "tool" and "shares one state" in idle.metadata["fault"]["message"], \
+                idle.metadata
+    finally:
+        if proc is not None:
+            stop(proc)
