@@ -190,14 +190,18 @@ def test_an_episode_with_the_simulated_user_is_graded_by_state(tmp_path: Path, s
 
 def test_state_as_files_hashed_canonically_and_as_a_resource(tmp_path: Path, sqlite_server: str) -> None:
     """``{"files": ["library.db"]}``: the database file by schema and rows, so a delete and re-insert (other
-    bytes: the file's change counter) still equals gold; ``{"resource": ...}``: the server's memo."""
+    bytes: the file's change counter) and a table dropped and made again in other spelling still equal gold; ``{"resource": ...}``: the server's memo."""
     seed = _seed(tmp_path / "seed.db")
     config = _config(tmp_path, sqlite_server, state=[{"files": ["library.db"]}, {"resource": "memo://insights"}])
     domain = get_domain(f"mcp:{config}")
     lend = next(t for t in domain.tasks("test") if t.id == "lend")
-    roundabout, wrong, noted = domain.env(lend), domain.env(lend), domain.env(lend)
+    roundabout, wrong, noted, rebuilt = (domain.env(lend) for _ in range(4))
     _, reward = _play(roundabout, lend, LEND, "DELETE FROM loans WHERE id = 1", LEND_OTHER_ORDER)
     assert reward == 1.0
+    assert rebuilt.call("write_query", {"query": "DROP TABLE loans"}).ok
+    assert rebuilt.call("create_table", {"query": 'CREATE TABLE "loans"(\n  id integer primary key,'
+                                                  " book_id integer NOT NULL, member text not null)"}).ok
+    assert _play(rebuilt, lend, LEND)[1] == 1.0  # the same table in other words: the agent is not failed for it
     folder = Path(roundabout.session.episode_dir)  # type: ignore[arg-type]
     assert _sha(folder / "library.db") != _sha(tmp_path / "seed.db")
     assert _play(wrong, lend, "INSERT INTO loans VALUES (1, 2, 'ben')")[1] == 0.0
@@ -205,7 +209,7 @@ def test_state_as_files_hashed_canonically_and_as_a_resource(tmp_path: Path, sql
     _, reward = _play(noted, lend, LEND)
     assert reward == 0.0  # the memo is part of the state
     assert any("Emma is popular" in line for line in noted.diff(score_gold(domain, lend)))
-    for env in (roundabout, wrong, noted):
+    for env in (roundabout, wrong, noted, rebuilt):
         env.close()
     assert _sha(tmp_path / "seed.db") == seed
 
