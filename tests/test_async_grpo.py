@@ -39,18 +39,51 @@ def _rollouts(out: Path) -> dict[int, list[dict]]:
 def test_staleness_never_exceeds_n_with_a_slow_trainer(tmp_path):
     """A trainer slowed by 6 optimizer steps per batch (``num_iterations``) while the sampler runs ahead:
     every trained episode was sampled at most N = 1 updates before the update that used it, and the
-    sampler did run ahead (some groups are 1 update old), recorded per episode and per step."""
-    result = train_grpo(_config(tmp_path / "run", steps=5, max_staleness=1, num_iterations=6), progress=False)
+    sampler did run ahead (some groups are 1 update old), recorded per episode and per step; each recorded
+    version is the one whose saved weights give the episode's sampled log-probabilities."""
+    result = train_grpo(_config(tmp_path / "run", steps=5, max_staleness=1, num_iterations=6, save_every=1,
+                                keep_checkpoints=0),
+                        progress=False)
     metrics = result["metrics"]
     assert all(m["staleness_max"] <= 1 for m in metrics)
     assert any(m["staleness_mean"] > 0 for m in metrics)  # the stream did sample while the trainer updated
-    for step, episodes in _rollouts(tmp_path / "run").items():
+    rollouts = _rollouts(tmp_path / "run")
+    for step, episodes in rollouts.items():
         trained = [e for e in episodes if e["metadata"]["trained"]]
         assert trained
         # step s (1-based) trains after s - 1 updates: its episodes' weights are at most N = 1 behind that
         assert all(step - 1 - e["metadata"]["policy_version"] <= 1 for e in trained), step
+    _versions_match_saved_weights(tmp_path / "run", rollouts)
     assert all({"trainer_idle_s", "sampler_idle_s", "dropped_groups"} <= m.keys() for m in metrics)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["tis_cap"] == 2.0  # stale tokens weighed
+
+
+def _versions_match_saved_weights(run: Path, rollouts: dict[int, list[dict]]) -> None:
+    """Each trained episode's recorded ``policy_version`` checked against the weights themselves, not the
+    stream's label: its sampled tokens' log-probabilities, recomputed under every saved version (0 the
+    starting model, v the checkpoint after update v), are those of the version it names and of no other."""
+    from muarl.models import load
+    from muarl.train.scoring import sequence_logprobs
+
+    config = json.loads((run / "config.json").read_text())
+    models = {0: load(config["model"])[0]}
+    models.update({int(p.name.split("_")[1]): load(p / "model")[0] for p in (run / "checkpoints").glob("step_*")})
+    checked = set()
+    for step, episodes in rollouts.items():
+        for e in [e for e in episodes if e["metadata"]["trained"]][::4]:  # a member of each group
+            version = e["metadata"]["policy_version"]
+            assert e["metadata"]["turn_versions"] == [version]  # one agent turn: one version of the weights
+            mask = torch.tensor(e["loss_mask"], dtype=torch.bool)
+            sampled = torch.tensor(e["logprobs"])[mask]
+            gaps = {}
+            for v in range(step):  # the versions that existed when step `step` was played
+                with torch.no_grad():
+                    recomputed, _ = sequence_logprobs(models[v], e["token_ids"], config["temperature"],
+                                                      e["loss_mask"])
+                gaps[v] = (recomputed[mask] - sampled).abs().max().item()
+            assert gaps[version] < 1e-3 and min(gaps, key=gaps.get) == version, (step, version, gaps)
+            checked.add((step, version))
+    assert {step - 1 - version for step, version in checked} == {0, 1}, checked  # fresh and stale both checked
 
 
 @pytest.mark.slow
