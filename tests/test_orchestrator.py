@@ -17,7 +17,9 @@ from muarl.users.scripted import ScriptedUser
 class ExpertSampler:
     """A sampler whose policy is muarl's scripted expert, slipping now and then (seeded per episode, so
     members of a group differ): episodes are a function of the task, the user seed and the episode seed
-    alone, which is what both sources must agree on. The weights it would sync are the expert's (none)."""
+    alone, which is what both sources must agree on. The policy seed is ignored on purpose: the stream seeds
+    its engine once per run, the lockstep source once per step, so a model's samples would differ (why
+    N = 0 runs the lockstep source). The weights it would sync are the expert's (none)."""
 
     def __init__(self) -> None:
         self.syncs = 0

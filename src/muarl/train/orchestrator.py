@@ -10,9 +10,12 @@ position, the seeds, the refills of dynamic sampling, the staleness bound and th
 - :class:`Lockstep`: a step's tasks are played, then trained on, then the weights synced (the paper's
   synchronous GRPO); under several training processes each plays its share of every step's groups;
 - :class:`Streamed`: groups are played in a thread of their own while the trainer updates, up to
-  ``max_staleness`` updates ahead (:mod:`muarl.train.async_rollouts`). At staleness 0 it yields the
-  lockstep source's groups (tests/test_orchestrator.py). Under several training processes one stream,
-  rank 0's, plays every group and hands each step to every rank.
+  ``max_staleness`` updates ahead (:mod:`muarl.train.async_rollouts`). At staleness 0 it plays the
+  lockstep source's tasks, users and masks step by step (tests/test_orchestrator.py), but not its samples:
+  its one engine is seeded once per run, the lockstep source's policy once per step. So N = 0 never
+  streams; it runs the lockstep source, checked against the code before the stream existed
+  (tests/test_async_grpo.py). Under several training processes one stream, rank 0's, plays every group
+  and hands each step to every rank.
 
 :func:`open_rollouts` picks one (the only place that reads ``max_staleness`` to choose).
 """
