@@ -190,3 +190,29 @@ def test_bad_user_lists_and_bases_are_refused_before_anything_runs(tmp_path: Pat
     with pytest.raises(ValueError, match="nor a model directory"):
         run_ablate(tmp_path, "smoke", base=str(tmp_path / "nowhere"))
     assert not (tmp_path / "ablate.json").exists()
+
+
+@pytest.mark.slow
+def test_an_arm_recipe_changes_that_arm_alone_and_is_recorded(tmp_path: Path) -> None:
+    """``--arm-recipe static:lr=1e-3,steps=3``: the static arm trains 3 steps at lr 1e-3, the method's arm the
+    preset's; the records say the arms differ in exactly those and the user (no warning), the summary and the
+    labels name the recipe, a rerun with another arm recipe is refused, a malformed one is one line before
+    anything runs."""
+    out = tmp_path / "ablate"
+    common = ("ablate", "--preset", "smoke", "--out", str(out), "--eval-users", "scripted", "--no-greedy", "--quiet")
+    done = _muarl(*common, "--arm-recipe", "static:lr=1e-3,steps=3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    method, static = (json.loads((out / a / "grpo" / "config.json").read_text()) for a in ("rl-scripted", "rl-static"))
+    assert (method["lr"], method["steps"]) == (SMOKE.grpo.lr, SMOKE.grpo.steps) and SMOKE.grpo.lr != 1e-3
+    assert (static["lr"], static["steps"]) == (1e-3, 3)
+    assert len(list((out / "rl-static" / "grpo" / "rollouts").glob("*.jsonl"))) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["arm_recipes"] == {"rl-scripted": {}, "rl-static": {"lr": 1e-3, "steps": 3}}
+    assert summary["arms_share"]["rl-static"]["settings"] == ["lr", "steps", "user"]
+    assert "differ in more than" not in done.stdout and "RL, static user (lr 0.001, steps 3)" in \
+        (out / "table.md").read_text()
+    again = _muarl(*common, "--arm-recipe", "static:lr=1e-4")
+    assert again.returncode == 2 and "other settings (arm_recipes)" in again.stderr
+    bad = _muarl("ablate", "--preset", "smoke", "--out", str(tmp_path / "bad"), "--arm-recipe", "static:lr=fast")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "lr='fast'" in bad.stderr
+    assert not (tmp_path / "bad").exists()

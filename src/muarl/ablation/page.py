@@ -104,7 +104,8 @@ def write_page(out: Path, where: Path, config: DemoConfig, summary: Mapping[str,
         "subtitle": str(out.resolve().name) + ("" if where == out else f"/{where.name}"),
         "arms": [{"id": m, "label": label[m],
                   "detail": "the model every arm starts from" if m == COLD_START else
-                  f"GRPO with the {arms[m]} user in every rollout ({config.grpo.steps} steps)",
+                  f"GRPO with the {arms[m]} user in every rollout "
+                  f"({summary['arm_recipes'].get(m, {}).get('steps', config.grpo.steps)} steps)",
                   "href": href(viewers[eval_name(m, headline)], page, "trajectories")} for m in [COLD_START, *arms]],
         "tables": tables,
         "intro": "The same GRPO (steps, seeds, tasks, user seeds) from the same cold start, one model per training "

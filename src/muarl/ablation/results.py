@@ -116,12 +116,15 @@ def build_tables(ev: Evaluations, config: DemoConfig, arms: Mapping[str, str], e
 def write_results(out: Path, where: Path, config: DemoConfig, *, preset: str, seed: int, arms: dict[str, str],
                   evaluated: Sequence[str], models: dict[str, Path], grpo_runs: dict[str, Path],
                   shared: dict[str, dict[str, Any]], method_from: dict[str, Any] | None,
-                  seconds: dict[str, float]) -> dict[str, Any]:
-    """Compare, tabulate, plot and write every result file of a split (``where``); return the summary."""
+                  seconds: dict[str, float], arm_recipes: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    """Compare, tabulate, plot and write every result file of a split (``where``); return the summary.
+    ``arm_recipes``: the GRPO settings an arm was given of its own (``--arm-recipe``), by training user."""
+    recipes = {arm_id: dict((arm_recipes or {}).get(user, {})) for arm_id, user in arms.items()}
     method = next(iter(arms))
     label = {COLD_START: "cold start",
              **{a: f"RL, {u} user" + (" (the method)" if a == method and len(arms) > 1 else "")
-                for a, u in arms.items()}}
+                + (f" ({_recipe_words(recipes[a])})" if recipes[a] else "") for a, u in arms.items()}}
     headline = interactive(evaluated)
     ev = compare_all(where, config, arms, evaluated)
     tables = build_tables(ev, config, arms, evaluated, headline)
@@ -137,7 +140,7 @@ def write_results(out: Path, where: Path, config: DemoConfig, *, preset: str, se
                                               for d in ev.comparisons[(a, b, u, g)]["metrics"]}
                                        for u, g, name in keys} for a, b in ev.differences},
         "metrics": {m: {name: ev.runs[(m, u, g)].metrics for u, g, name in keys} for m in ev.models},
-        "arms_share": shared, "method_from": method_from, "seconds": seconds, "total_seconds": total,
+        "arms_share": shared, "arm_recipes": recipes, "method_from": method_from, "seconds": seconds, "total_seconds": total,
         "provenance": _provenance(config, models, arms, evaluated),
     }
     (where / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -151,7 +154,7 @@ def write_results(out: Path, where: Path, config: DemoConfig, *, preset: str, se
                                                    f"differ between {label[other]} and {label[method]}"))
     plots = write_plots(out, where, config, arms, evaluated, ev.cells, grpo_runs)
     console = Console()
-    _warn_unshared(shared, console)
+    _warn_unshared(shared, recipes, method, console)
     console.print(rich_table(tables[0], arms))
     try:
         page = write_page(out, where, config, summary, tables, label, arms, headline, plots, grpo_runs)
@@ -164,11 +167,26 @@ def write_results(out: Path, where: Path, config: DemoConfig, *, preset: str, se
     return summary
 
 
-def _warn_unshared(shared: Mapping[str, Mapping[str, Any]], console: Console) -> None:
-    """Say loudly when the records show arms that differ in more than their user."""
+def _recipe_words(recipe: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in recipe.items())
+
+
+def expected_differences(recipes: Mapping[str, Mapping[str, Any]], method: str, arm_id: str) -> list[str]:
+    """The settings two arms were meant to differ in: the user, and what either's own recipe set."""
+    return sorted({"user", *recipes.get(method, {}), *recipes.get(arm_id, {})})
+
+
+def _warn_unshared(shared: Mapping[str, Mapping[str, Any]], recipes: Mapping[str, Mapping[str, Any]], method: str,
+                   console: Console) -> None:
+    """Say loudly when the records show arms that differ in more than their user and their own recipes (an
+    arm's recipe may also change which episodes it plays: more steps, dynamic sampling's refills)."""
     for arm_id, found in shared.items():
-        if found["settings"] != ["user"] or not found["same_cold_start"] or not found["same_episodes"]:
-            console.print(f"[bold red]warning: the method's arm and {arm_id} differ in more than their user: {found}")
+        meant = expected_differences(recipes, method, arm_id)
+        own = bool(recipes.get(method) or recipes.get(arm_id))
+        if not set(found["settings"]) <= set(meant) or not found["same_cold_start"] or \
+                (not own and not found["same_episodes"]):
+            console.print(f"[bold red]warning: the method's arm and {arm_id} differ in more than their user"
+                          f"{' and their own recipes' if own else ''}: {found}")
 
 
 def _provenance(config: DemoConfig, models: Mapping[str, Path], arms: Mapping[str, str],

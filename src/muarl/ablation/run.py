@@ -4,7 +4,7 @@ model evaluated with every evaluation user, then the results (:mod:`muarl.ablati
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,65 @@ def parse_users(value: str | Sequence[str], option: str) -> tuple[str, ...]:
     return users
 
 
+def _typed(text: str) -> Any:
+    """A command line's value as the number or truth value it spells (``1e-4``, ``15``, ``true``), else text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_arm_recipes(values: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
+                      users: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--arm-recipe USER:KEY=VALUE,...`` (repeatable) as {user: {GRPO field: value}}, checked: USER is one
+    of ``users`` (the training users), each key a GRPO option the recipe takes (not the user), each value
+    of the option's type (``1e-4``, ``true``, ``15``). A mapping is taken as already parsed."""
+    from muarl.cli.demo import GRPO_OPTIONS
+    from muarl.train.grpo_config import GRPOConfig
+
+    recipes: dict[str, dict[str, Any]] = {}
+    if isinstance(values, Mapping):
+        recipes = {user: dict(given) for user, given in values.items()}
+    for value in () if isinstance(values, Mapping) else values or ():
+        user = next((u for u in sorted(users, key=len, reverse=True) if value.startswith(f"{u}:")), None)
+        if user is None:
+            raise ValueError(f"--arm-recipe {value!r}: give TRAINING_USER:KEY=VALUE[,KEY=VALUE] for one of the "
+                             f"training users ({', '.join(users)})")
+        pairs = [p.strip() for p in value[len(user) + 1:].split(",") if p.strip()]
+        if not pairs or any("=" not in p for p in pairs):
+            raise ValueError(f"--arm-recipe {value!r}: give {user}:KEY=VALUE[,KEY=VALUE]")
+        recipes.setdefault(user, {}).update({k.strip().replace("-", "_"): _typed(v.strip())
+                                             for k, v in (p.split("=", 1) for p in pairs)})
+    allowed, defaults = sorted({*GRPO_OPTIONS, "max_rollout_batches"} - {"user"}), GRPOConfig()
+    for user, given in recipes.items():
+        if user not in users:
+            raise ValueError(f"--arm-recipe {user}: not a training user (--train-users {','.join(users)})")
+        for key, value in given.items():
+            if key not in allowed:
+                raise ValueError(f"--arm-recipe {user}: {key!r} is not a GRPO option an arm may set; choose from "
+                                 f"{', '.join(allowed)}")
+            kind = type(getattr(defaults, key))
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float
+                                                                           else kind):
+                raise ValueError(f"--arm-recipe {user}: {key}={value!r} is not of type {kind.__name__}")
+            if kind is float:
+                given[key] = float(value)
+    return recipes
+
+
 def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: int = 0, progress: bool = True,
                train_users: str | Sequence[str] = USERS, eval_users: str | Sequence[str] = USERS,
-               method_from: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
+               method_from: str | Path | None = None,
+               arm_recipes: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
+               **overrides: Any) -> dict[str, Any]:
     """Run (or resume) the ablation; returns the split's ``summary.json``. ``overrides`` change the preset's
     recipe as the demo's do (:meth:`muarl.experiments.recipe.DemoConfig.with_overrides`; the GRPO user is each arm's own).
     The first training user is the method every other arm is compared with; ``method_from`` a finished demo
     run whose GRPO model that arm reuses (checked, refused unless it is exactly what this run would train).
+    ``arm_recipes`` (:func:`parse_arm_recipes`) change the GRPO recipe of one arm only: a baseline tuned on
+    its own, with the same budget of trials as the method had. Its differences are recorded and shown.
     """
     from muarl.ablation.records import arm_differences, verify_method_from
     from muarl.ablation.results import write_results
@@ -54,6 +106,9 @@ def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: i
     config = PRESETS[preset].with_overrides(**overrides)
     check_base(config.base)
     trained, evaluated = parse_users(train_users, "--train-users"), parse_users(eval_users, "--eval-users")
+    recipes = parse_arm_recipes(arm_recipes, trained)
+    for user, recipe in recipes.items():  # an arm's recipe that cannot train: one line now, not after the others
+        replace(config.grpo, user=user, **recipe)  # GRPOConfig checks its values when made
     held_out_tasks(config)  # too few tasks in the split: say so now, not after the training
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,8 +117,10 @@ def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: i
     # the recipe (but the GRPO user, each arm's own) and where the method's model comes from; which users
     # train and evaluate may change between commands: each model and evaluation has a folder of its own
     settings = {"preset": preset, "seed": seed, "method_from": str(method_from) if method_from else None,
-                **{k: v for k, v in config.settings().items() if k not in (*EVAL_ONLY, "grpo.user")}}
-    check_settings(out / "ablate.json", settings, {**DemoConfig().settings(), "method_from": None}, "an ablation")
+                **{k: v for k, v in config.settings().items() if k not in (*EVAL_ONLY, "grpo.user")},
+                "arm_recipes": recipes}
+    check_settings(out / "ablate.json", settings, {**DemoConfig().settings(), "method_from": None, "arm_recipes": {}},
+                   "an ablation")
     arms = {arm(user): user for user in trained}
     stage = Stages(out, "" if where == out else f"{config.eval_split}/", SHARED_STAGES + tuple(arms))
 
@@ -71,7 +128,7 @@ def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: i
     models: dict[str, Path] = {COLD_START: cold}
     reused = None
     for n, (arm_id, user) in enumerate(arms.items()):
-        arm_config = replace(config, grpo=replace(config.grpo, user=user))
+        arm_config = replace(config, grpo=replace(config.grpo, user=user, **recipes.get(user, {})))
         if n == 0 and method_from is not None:
             reused = stage(f"{arm_id}/replay", verify_method_from, Path(method_from), arm_config, seed, cold,
                            out / arm_id / "replay")
@@ -93,4 +150,4 @@ def run_ablate(out: str | Path = "runs/ablate", preset: str = "default", seed: i
     shared = {a: arm_differences(first, run) for a, run in list(grpo_runs.items())[1:]}
     return write_results(out, where, config, preset=preset, seed=seed, arms=arms, evaluated=evaluated,
                          models=models, grpo_runs=grpo_runs, shared=shared, method_from=reused,
-                         seconds=stage.seconds())
+                         seconds=stage.seconds(), arm_recipes=recipes)

@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method-from", metavar="DEMO_RUN",
                    help="take the first training user's model from this finished `muarl demo` run (refused unless "
                         "its recorded recipe, seed and cold start are exactly this run's)")
+    p.add_argument("--arm-recipe", action="append", metavar="USER:KEY=VALUE,...",
+                   help="GRPO settings of one arm only (repeatable), e.g. static:lr=5e-5,kl_beta=0.04: a baseline "
+                        "tuned on its own (docs/research/user-in-the-loop-ablation.md); recorded, and shown beside "
+                        "the arm's name")
     add_recipe_options(p, {k: v for k, v in GRPO_OPTIONS.items() if k != "user"})
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -38,5 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from muarl.cli.demo import demo_overrides
 
     run_ablate(args.out, args.preset, args.seed, progress=not args.quiet, train_users=args.train_users,
-               eval_users=args.eval_users, method_from=args.method_from, **demo_overrides(args))
+               eval_users=args.eval_users, method_from=args.method_from, arm_recipes=args.arm_recipe,
+               **demo_overrides(args))
     return 0
