@@ -501,3 +501,61 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
         pass  # the server is gone with the run
     with pytest.raises(UserServerError, match="embedded user server"):
         make_user("llm")
+
+
+# -- what the LLM user got wrong, in the numbers (issue 42, item 2) ----------------------------------------------
+def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_compared(
+        fault: FaultServer, tmp_path: Path) -> None:
+    """Four conversations with an LLM user whose endpoint says exactly what each slip is: an invented order
+    id then a stop right after the agent's proposal; the goal in tool terms; the agent's question for the
+    e-mail answered by repeating the opening (withheld and ignored at once); and one clean conversation.
+    Each is counted in the evaluation's metrics and per task (so ``muarl compare`` pairs it), written in
+    results.md, and marked on its turn in the viewer's data; the clean one has no slip."""
+    from muarl.compare import compare_runs
+    from muarl.evaluate import EvalResult, summarize
+    from muarl.report.data import lanes
+    from muarl.users.slips import SLIPS
+
+    domain = get_domain("retail-lite")
+    task = domain.tasks("test")[0]
+    email, order = task.scenario.known["email"], task.scenario.known["order_id"]
+    assert "W0000001" not in task.instruction + json.dumps(task.scenario.known)  # an id the user never had
+    ask = "Could you please tell me your email address?"
+    cases = {
+        "invents, then stops at the proposal": (
+            ["Hi, I need help with my order #W0000001.", f"Never mind, bye. {STOP}"],
+            ["I can look into order #W0000001. Shall I proceed?"], {"invented_fact": [1], "premature_stop": [3]}),
+        "the goal in tool terms": (
+            [f"Please run return_delivered_order_items on {order} for me.", f"It is {email}. {STOP}"],
+            [ask], {"tool_terms": [1]}),
+        "withholds, ignores": (
+            ["I want to return something.", "I want to return something.", f"Bye. {STOP}"],
+            [ask, "I am sorry, I need your email first. Goodbye."], {"withheld_fact": [3], "ignored_reply": [3]}),
+        "clean": ([f"Hi, I want to return the keyboard from order {order}.", f"Sure, it is {email}. {STOP}"],
+                  [ask], {}),
+    }
+    groups = []
+    for name, (says, agent, want) in cases.items():
+        fault.script(*({"content": text} for text in says))
+        traj = episode(domain, task, StepPolicy(agent), fast_user(fault))
+        traj.task_id = name  # one task per case, so that each is its own row
+        assert traj.stop_reason == "user_stop", (name, traj.stop_reason)
+        assert {k: v for k, v in traj.metadata["user_slips"].items() if v} == want, (name, traj.messages)
+        groups.append([traj])
+    metrics, rows, families = summarize(groups, {}, 1)
+    assert metrics["user_slip_rate"] == 0.75
+    for kind in SLIPS:
+        assert metrics[f"user_{kind}_rate"] == 0.25, kind
+    result = EvalResult({"domain": domain.name, "split": "test", "k": 1}, metrics, rows, groups, families)
+    result.write(tmp_path / "slips")
+    written = json.loads((tmp_path / "slips" / "results.json").read_text())
+    assert written["metrics"]["user_premature_stop_rate"] == 0.25
+    assert "## The simulated user's slips" in (tmp_path / "slips" / "results.md").read_text()
+    marked = [e for e in lanes(groups[2][0]) if e.get("slips")]
+    assert [(e["text"], e["slips"]) for e in marked] == [("I want to return something.",
+                                                         ["withheld_fact", "ignored_reply"])]
+    clean_rows = [{**r, "user_slip_rate": 0.0} for r in rows]
+    clean = EvalResult(result.config, {**metrics, "user_slip_rate": 0.0}, clean_rows, groups, families)
+    report = compare_runs(clean, result)
+    slip = next(m for m in report["metrics"] if m["metric"] == "user_slip_rate")
+    assert (slip["a"], slip["b"], slip["diff"]) == (0.0, 0.75, 0.75)

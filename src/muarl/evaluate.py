@@ -40,6 +40,7 @@ from muarl.provenance import record as provenance_record
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
 from muarl.types import Task, Trajectory
 from muarl.users.base import UserSimulator
+from muarl.users.slips import SLIPS, slip_rates
 
 SimFaults = Literal["exclude", "fail"]
 SIM_FAULT_MODES: tuple[str, ...] = ("exclude", "fail")
@@ -118,6 +119,7 @@ def task_row(task_id: str, family: str, trajs: Sequence[Trajectory], k: int,
         "violation_rate": _round(violations / n) if n else None,
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
         "truncation_rate": _mean([float(t.truncated) for t in trials]),
+        **slip_rates([t.metadata.get("user_slips") for t in trials]),
         "sim_faults": sum(t.sim_fault for t in trajs),
         "faults": sum(bool(t.fault_kind) for t in trajs),
         **fault_rates(trajs),
@@ -164,6 +166,8 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
         # cut off at a token, context or turn limit: what a success rate cannot show RL trading for
         "truncation_rate": _mean([float(t.truncated) for t in trials]),
+        # what the simulated user got wrong (muarl.users.slips): episodes the agent is not to blame for
+        **slip_rates([t.metadata.get("user_slips") for t in trials]),
         "violation_rate": _mean([float(_violated(t)) for t in trials]),
         "violations": dict(sorted(kinds.items())),
         "db_match_rate": _mean([float(not t.fault_kind and t.reward is not None and t.reward.db_match)
@@ -262,6 +266,12 @@ class EvalResult:
         if m.get("tool_errors"):
             lines += ["## Tool errors (every episode)", "", "| error | calls |", "|---|---|"]
             lines += [f"| {kind} | {n} |" for kind, n in m["tool_errors"].items()] + [""]
+        if m.get("user_slip_rate") is not None:
+            lines += ["## The simulated user's slips (share of trials; muarl.users.slips)", "",
+                      "| slip | trials | what it means |", "|---|---|---|",
+                      f"| any | {_fmt(m['user_slip_rate'])} | |"]
+            lines += [f"| {kind} | {_fmt(m.get(f'user_{kind}_rate'))} | {what} |" for kind, what in SLIPS.items()]
+            lines += [""]
         lines += ["## Stop reasons", "", "| stop reason | episodes |", "|---|---|"]
         lines += [f"| {r} | {n} |" for r, n in m["stop_reasons"].items()]
         lines += ["", "## Tool calls (mean per trial)", "", "| tool | agent calls |", "|---|---|"]

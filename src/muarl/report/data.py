@@ -262,6 +262,10 @@ def lanes(traj: Trajectory) -> list[dict[str, Any]]:
             user_actions[int(match.group(1)) if match else -1].append(r)
     events: list[dict[str, Any]] = []
     user_turn = 0
+    slips: dict[int, list[str]] = defaultdict(list)  # message index -> what the user got wrong there
+    for kind, where in (traj.metadata.get("user_slips") or {}).items():
+        for n in where:
+            slips[n].append(kind)
 
     def emit_user_actions(turn: int) -> None:
         for r in user_actions.pop(turn, []):
@@ -269,12 +273,13 @@ def lanes(traj: Trajectory) -> list[dict[str, Any]]:
             events.append({"lane": "tools", "kind": "result", "name": r.name, "text": r.output, "ok": r.ok,
                            "actor": "user", "changed": [f"{t}[{k}]" for t, k in r.changed]})
 
-    for m in traj.messages:
+    for n, m in enumerate(traj.messages):
         if m.role == "system":
             continue
         if m.role == "user":
             emit_user_actions(user_turn)
-            events.append({"lane": "user", "kind": "message", "text": m.content})
+            events.append({"lane": "user", "kind": "message", "text": m.content, **({"slips": slips[n]} if n in slips
+                                                                                   else {})})
             user_turn += 1
         elif m.role == "assistant":
             if m.content.strip() or not m.tool_calls:  # an empty reply is shown too: it is what was said

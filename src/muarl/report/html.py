@@ -20,6 +20,7 @@ from muarl.files import atomic_write
 from muarl.report import data as rd
 from muarl.report.plots import fmt, line_chart
 from muarl.report.tokens import PrefixTable, find_tokenizer, vocab
+from muarl.users.slips import SLIPS
 
 COMPRESS_ABOVE = 256 * 1024  # bytes of JSON; smaller blobs stay readable in the page source
 # the paper's training dynamics first, in the order the paper discusses them; any other numeric
@@ -38,6 +39,7 @@ PANELS: list[tuple[str, list[str] | str]] = [
     ("clip fraction", ["clip_fraction"]),
     ("faults / violations per episode", ["sim_fault_rate", "fault_rate", "violation_rate", "truncation_rate",
                                            "malformed_calls"]),
+    ("the simulated user's slips per episode", ["user_slip_rate", *(f"user_{k}_rate" for k in SLIPS)]),
     ("seconds per step", ["rollout_s", "reference_s", "update_s"]),
     # asynchronous GRPO (--max-staleness): how old the trained groups were, what was dropped, who waited
     ("staleness (updates)", ["staleness_mean", "staleness_max"]),

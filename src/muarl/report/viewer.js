@@ -125,7 +125,11 @@ function drawList(table, pager, counter) {
 
 function laneCell(e) {
   const cls = `ev ev-${e.kind}` + (e.ok === false ? " ev-failed" : "");
-  if (e.kind === "message") return h("div", { class: cls }, h("div", { class: "text" }, e.text));
+  if (e.kind === "message") {
+    // a user turn muarl.users.slips flagged: what the simulated user got wrong there, marked on the turn
+    const slips = (e.slips || []).map((s) => h("span", { class: "badge slip", title: "the simulated user's slip" }, s));
+    return h("div", { class: cls + (slips.length ? " ev-slip" : "") }, ...slips, h("div", { class: "text" }, e.text));
+  }
   if (e.kind === "call") {
     return h("div", { class: cls }, h("span", { class: "tool-name" }, e.name), h("code", { class: "args" }, e.args));
   }

@@ -20,6 +20,7 @@ from muarl.faults import credited_reward
 from muarl.files import atomic_open
 from muarl.train.grpo_config import GRPOConfig
 from muarl.types import Task, Trajectory
+from muarl.users.slips import slip_rates
 
 
 def train_reward(traj: Trajectory, penalize_violations: bool = False, violation_reward: float = 0.0,
@@ -105,6 +106,7 @@ def rollout_metrics(groups: list[list[Trajectory]], general_tools: Sequence[str]
         "fault_rate": sum(bool(t.fault_kind) for t in trajs) / n,
         "violation_rate": sum(bool(t.reward and t.reward.violations) for t in trajs) / n,
         "truncation_rate": sum(t.truncated for t in trajs) / n,
+        **{k: v for k, v in slip_rates([t.metadata.get("user_slips") for t in trajs]).items() if v is not None},
         "malformed_calls": sum(t.malformed_calls for t in trajs) / n,
         **{f"calls_{name}": calls[name] / n for name in general_tools},
     }
