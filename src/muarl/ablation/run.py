@@ -77,7 +77,8 @@ def parse_arm_recipes(values: Sequence[str] | Mapping[str, Mapping[str, Any]] | 
             if key not in allowed:
                 raise ValueError(f"--arm-recipe {user}: {key!r} is not a GRPO option an arm may set; choose from "
                                  f"{', '.join(allowed)}")
-            kind = type(getattr(defaults, key))
+            default = getattr(defaults, key)
+            kind = float if default is None else type(default)  # tis_cap: None (the run picks) or a float
             if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float
                                                                            else kind):
                 raise ValueError(f"--arm-recipe {user}: {key}={value!r} is not of type {kind.__name__}")
