@@ -3,7 +3,8 @@ unsharded copy from FSDP2 shards whose rows do not divide evenly (a 2-row parame
 7-row one gives the ranks 3, 3 and 1), into a copy of the shards' dtype and into a bfloat16 one, on every
 rank (all-gather) and on rank 0 alone; on gloo without its whole-buffer collectives. Then muarl's units:
 an untied model's embeddings and head are units of their own, a tied model's one parameter stays in the
-root. Every check is an assert: a failing rank exits non-zero."""
+root; a forward and backward of both run FSDP2's own gathers and gradient scatters point to point, with
+gloo's whole-buffer collectives refused, and sum the ranks' gradients. Every check is an assert: a failing rank exits non-zero."""
 
 from __future__ import annotations
 
@@ -62,7 +63,29 @@ if __name__ == "__main__":
 
     for tied in (True, False):
         config = AutoConfig.from_pretrained(checkpoint_root("tiny"), tie_word_embeddings=tied)
+        torch.manual_seed(0)
+        plain = AutoModelForCausalLM.from_config(config)
+        torch.manual_seed(0)
         lm = shard(AutoModelForCausalLM.from_config(config), dist)
         units = [isinstance(m, FSDPModule) for m in (lm.get_input_embeddings(), lm.get_output_embeddings())]
         assert units == [not tied, not tied], (tied, units)
+        # a forward and backward through FSDP2 with gloo's whole-buffer collectives refused: the units gather
+        # and scatter point to point (muarl.train.gloo_comms), and every rank's gradient rows are the sum of
+        # the ranks' gradients (each rank runs the same input here: 3 x the unsharded model's)
+        ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+        plain(input_ids=ids).logits.square().mean().backward()
+        saved = {name: getattr(torch.distributed, name) for name in
+                 ("all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single")
+                 if hasattr(torch.distributed, name)}
+        for name in saved:
+            setattr(torch.distributed, name, whole_buffer)
+        lm(input_ids=ids).logits.square().mean().backward()
+        for name, fn in saved.items():
+            setattr(torch.distributed, name, fn)
+        grads = dict(plain.named_parameters())
+        for name, param in lm.named_parameters():
+            rows = param.grad.to_local()
+            start = sum(chunk.shape[0] for chunk in grads[name].grad.chunk(3)[:dist.rank])
+            want = 3 * grads[name].grad[start:start + rows.shape[0]]
+            assert torch.allclose(rows, want, rtol=1e-4, atol=1e-6), (tied, name, (rows - want).abs().max())
     torch.distributed.barrier()

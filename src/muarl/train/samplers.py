@@ -231,6 +231,7 @@ class CopySampler:
         give_back_freed()
 
     def _allocate(self) -> None:
+        give_back_freed()  # the update's activations and gradients, freed into the heap, before the copy returns
         with torch.no_grad():
             for name, param in self.plain.named_parameters():
                 param.data = param.data.new_empty(self.released[name])

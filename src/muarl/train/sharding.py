@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from muarl.train import gloo_comms
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist
 
@@ -107,6 +108,7 @@ def shard(model: Any, dist: Dist, bf16: bool = False, offload: bool = False) -> 
         if hasattr(module, "set_gradient_divide_factor"):
             module.set_gradient_divide_factor(1.0)  # losses are normalised by the global count: sum, not mean
             module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied one
+    gloo_comms.install(lm, mesh.get_group())  # gloo's own collectives hold a whole buffer more per unit
     return model
 
 
