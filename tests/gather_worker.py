@@ -4,7 +4,8 @@ unsharded copy from FSDP2 shards whose rows do not divide evenly (a 2-row parame
 rank (all-gather) and on rank 0 alone; on gloo without its whole-buffer collectives. Then muarl's units:
 an untied model's embeddings and head are units of their own, a tied model's one parameter stays in the
 root; a forward and backward of both run FSDP2's own gathers and gradient scatters point to point, with
-gloo's whole-buffer collectives refused, and sum the ranks' gradients. Every check is an assert: a failing rank exits non-zero."""
+gloo's whole-buffer collectives refused, and sum the ranks' gradients. Every check is an assert: a failing
+rank exits non-zero."""
 
 from __future__ import annotations
 
