@@ -200,9 +200,10 @@ def test_the_vllm_spec_builds_a_policy_and_names_the_install_script_when_missing
 # (before the weight-sync tests: closing their in-process engines tears down vLLM's process-wide parallel
 # groups, after which the module's ``vllm_policy`` engine fails with "pipeline model parallel group is not
 # initialized")
-def _launch_server(log_dir):
+def _launch_server(log_dir, receiver: bool = True):
     """A real vLLM OpenAI-compatible server on the tiny model (a free port, LoRA and dev-mode routes on),
-    started as :func:`server_command` says in a process group of its own; (process, URL) once healthy."""
+    started as :func:`server_command` says in a process group of its own; (process, URL) once healthy.
+    ``receiver=False``: without muarl's worker extension, as a server started by hand may be."""
     import socket
     import subprocess
     import time
@@ -218,6 +219,9 @@ def _launch_server(log_dir):
         port = sock.getsockname()[1]
     argv, env = server_command(resolve("tiny"), port=port, served_name="tiny", max_lora_rank=8,
                                cpu_build=cpu_build())
+    if not receiver:
+        at = argv.index("--worker-extension-cls")
+        del argv[at:at + 2]
     # the server's own engine process, as `vllm serve` runs it (this process runs its engine in-process)
     env = {**os.environ, **env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log_path = log_dir / f"server-{port}.log"
@@ -509,19 +513,32 @@ def test_server_lora_sync_in_place_moves_the_server_as_the_trainer(vllm_server):
     assert largest > 0.01
 
 
-def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
-    """Full weights: saved as safetensors and reloaded in place through POST /collective_rpc
-    (the worker's reload_weights, dev mode), generation paused around it, the prefix cache dropped."""
+def _model_bytes(model) -> int:
+    """What a full sync of ``model`` must move in the float32 of the CPU build's server: every tensor of its
+    state dict (the tied LM head included), counted here from the model itself."""
+    return sum(t.numel() * 4 for t in model.state_dict().values())
+
+
+@pytest.mark.parametrize("weight_sync", ["memory", "file"])
+def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server, weight_sync):
+    """Full weights reloaded in place by the worker's reload_weights, generation paused around it, the
+    prefix cache dropped: broadcast over the weight link in buckets (memory: here 300 kB buckets, so the
+    tiny model's 2.8 MB go in several) or saved as safetensors and read back (file)."""
     from muarl.models import load
 
-    policy = _server_policy(vllm_server, max_new_tokens=24, seed=5)
+    policy = _server_policy(vllm_server, max_new_tokens=24, seed=5, weight_sync=weight_sync)
     try:
         good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
         model, _ = load("tiny")
         start = copy.deepcopy(model).requires_grad_(False)
         _grpo_step(model, start, good, bad)
+        if weight_sync == "memory":
+            policy.weight_link().bucket_bytes = 300_000
         policy.sync_weights(merged_weights(model))
         assert policy.engine.stats.weight_syncs == 1
+        assert (policy.link is not None) == (weight_sync == "memory")
+        assert (policy.sync_bytes == _model_bytes(model)) == (weight_sync == "memory"), policy.sync_bytes
+        assert not list(policy.sync_dir.iterdir()) or weight_sync == "file"  # memory: no file written
         largest = _changed_as_the_trainer(policy, start, model, [good, bad])
         for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
             trainer, engine = _recomputed(model, traj, 1.0)
@@ -536,6 +553,34 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server):
         policy.close()
     print(f"server full sync: largest log-prob change {largest:.3f}")
     assert largest > 0.05
+
+
+def test_a_server_without_the_receiver_takes_full_weights_through_files_and_says_so(tmp_path, capsys):
+    """A server started without muarl's worker extension: the in-memory sync finds no receiver, says so in
+    one line on stderr, and the weights go through a safetensors file instead; the server scores as the
+    trainer's model after it."""
+    from muarl.models import load
+
+    proc, url = _launch_server(tmp_path, receiver=False)
+    try:
+        policy = _server_policy(url)
+        try:
+            model, tokenizer = load("tiny")
+            torch.manual_seed(0)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.02 * torch.randn_like(p))
+            policy.sync_weights(merged_weights(model))
+            warned = [line for line in capsys.readouterr().err.splitlines() if "weight receiver" in line]
+            assert len(warned) == 1 and url in warned[0] and "safetensors files" in warned[0], warned
+            assert policy.link is None and policy.engine.stats.weight_syncs == 1
+            assert policy.sync_bytes > _model_bytes(model)  # a file: the tensors and its header
+            ids = tokenizer("I want to return order #W123, please.")["input_ids"]
+            assert torch.allclose(_engine_scores(policy, ids)[1:], _trainer_scores(model, ids)[1:], atol=TOLERANCE)
+        finally:
+            policy.close()
+    finally:
+        _stop_server(proc)
 
 
 # -- a LoRA adapter directory (OUT/adapter of a --no-merge-lora run) -------------------------------------
@@ -630,6 +675,15 @@ def test_grpo_rolls_out_through_a_vllm_server_and_keeps_it_in_step(vllm_server, 
     try:
         _grpo_keeps_the_engine_in_step(tmp_path, lora_r, f"vllm-server:{vllm_server}/v1#tiny", vllm_sync_dir=str(sync))
         assert sync.is_dir() and not list(sync.iterdir())
+        import json
+
+        from muarl.models import load
+
+        moved = [json.loads(line)["sync_bytes"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        if lora_r:  # the adapter's files
+            assert all(0 < b < _model_bytes(load("tiny")[0]) / 10 for b in moved), moved
+        else:  # broadcast over the weight link: every tensor once, in the server's float32, no file header
+            assert moved == [_model_bytes(load("tiny")[0])] * 3, moved
     finally:
         if not lora_r:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
             _restore(vllm_server)
@@ -961,6 +1015,8 @@ def test_grpo_spreads_its_groups_over_two_servers_and_syncs_both_after_every_upd
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["trained_sequences"] for m in metrics), metrics
     start = load("tiny")[0]
+    # one broadcast over the weight link reached both servers: the model's bytes once per step, not twice
+    assert [m["sync_bytes"] for m in metrics] == [_model_bytes(start)] * 3, metrics
     for step in (1, 2, 3):
         weights = start if step == 1 else load(str(out / "checkpoints" / f"step_{step - 1}" / "model"))[0]
         worst = _by_server(out, step, weights)

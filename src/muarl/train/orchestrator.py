@@ -102,6 +102,12 @@ class Rollouts(Protocol):
     def close(self) -> None: ...
 
 
+def sync_bytes(rollouts: Any) -> int:
+    """Bytes the last sync sent to the rollout engine: a server's (broadcast or written); 0 where the
+    engine is in this process."""
+    return int(getattr(getattr(rollouts, "sampler", None), "sync_bytes", 0) or 0)
+
+
 def masks(groups: list[list[Trajectory]], config: GRPOConfig) -> list[list[bool]]:
     """The episodes left out of the gradient instead of counting as failures: a simulator's fault
     (``mask_sim_faults``) and, with ``mask_truncated``, a turn cut at its token limit."""

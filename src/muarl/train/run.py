@@ -44,7 +44,7 @@ from muarl.train.distributed import Dist
 MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoints", "report_to", "micro_batch_size",
               "merge_lora", "progress",
               # how a vLLM engine shares the GPU, not what it samples
-              "vllm_gpu_memory", "vllm_sleep", "vllm_sync_dir",
+              "vllm_gpu_memory", "vllm_sleep", "vllm_sync_dir", "vllm_weight_sync",
               # time limits only decide when a stuck party faults its episode (raise one after spurious faults)
               "user_timeout", "agent_timeout", "tool_timeout", "user_http_timeout",
               # where a sharded run keeps its optimizer state, not what the steps compute. Not fsdp itself: a

@@ -242,6 +242,10 @@ class CopySampler:
         self._gather(model)
         return time.perf_counter() - began + self.inner.sync(self.plain)
 
+    @property
+    def sync_bytes(self) -> int:
+        return int(getattr(self.inner, "sync_bytes", 0) or 0)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -289,8 +293,13 @@ class ServerSampler:
     A step's groups spread over the servers by :class:`RoutedPolicy`; with one server each batch samples
     from its policy directly, as :class:`VLLMSampler` does."""
 
-    def __init__(self, policies: list[Any], model: Any, lora: bool, dist: Dist | None = None):
+    def __init__(self, policies: list[Any], model: Any, lora: bool, dist: Dist | None = None,
+                 weight_sync: str = "memory"):
         self.policies, self.lora, self.dist = policies, lora, dist or Dist()
+        self.weight_sync = weight_sync
+        self.link: Any = None  # rank 0's WeightLink with every server's workers, opened at the first push
+        self._link_tried = False
+        self.sync_bytes = 0
         try:
             self.sync(model)
         except BaseException:
@@ -326,11 +335,29 @@ class ServerSampler:
         return time.perf_counter() - began
 
     def _push(self, model: Any) -> None:
-        """Write the weights once (into the first server's sync directory, which every server reads: a
-        shared filesystem when they run elsewhere), then load them into every server at the same time."""
+        """Full weights over the weight link when there is one: one broadcast every server takes at once
+        (:mod:`muarl.policies.weight_link`). Else write them once (into the first server's sync
+        directory, which every server reads: a shared filesystem when they run elsewhere), then load them
+        into every server at the same time."""
         from concurrent.futures import ThreadPoolExecutor
 
+        from muarl.policies.weight_link import LinkFailed, open_or_warn
+
+        if not self.lora and self.weight_sync == "memory":
+            try:
+                if not self._link_tried:
+                    self._link_tried = True
+                    self.link = open_or_warn([policy.engine for policy in self.policies])
+                if self.link is not None:
+                    self.sync_bytes = self.link.send(merged_weights(model))
+                    return
+            except LinkFailed as err:
+                names = ", ".join(policy.name for policy in self.policies)
+                raise EngineFailed(f"the rollout engine {names} could not take the updated weights over the "
+                                   f"weight link ({err}); rerun the command once it is back (the run resumes "
+                                   "from its last checkpoint), or with --vllm-weight-sync file") from None
         path = self.policies[0].write_sync(model if self.lora else merged_weights(model), self.lora)
+        self.sync_bytes = self.policies[0].sync_bytes
         with ThreadPoolExecutor(len(self.policies), thread_name_prefix="muarl-sync") as pool:
             loads = [pool.submit(policy.load_sync, path, self.lora) for policy in self.policies]
         failed = [(policy, load.exception()) for policy, load in zip(self.policies, loads, strict=True)
@@ -350,6 +377,9 @@ class ServerSampler:
         self.dist.from_main(action, shareable=(ValueError, EngineFailed))
 
     def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
         for policy in self.policies:
             policy.close()
 
@@ -458,7 +488,7 @@ def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = No
 
     lora = config.lora_r > 0 and adapter_base(config.model) is None
     if config.rollout_engine.startswith(SERVER):  # every rank: rank 0 pushes, the others wait on it
-        return ServerSampler(server_policies(config), model, lora, dist)
+        return ServerSampler(server_policies(config), model, lora, dist, weight_sync=config.vllm_weight_sync)
     if not samples_here(config, dist):
         return Bystander()
     if config.rollout_engine == "vllm":

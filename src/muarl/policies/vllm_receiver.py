@@ -1,0 +1,95 @@
+"""The vLLM server's side of the in-memory weight sync: a worker extension
+(``--worker-extension-cls muarl.policies.vllm_receiver.WeightReceiver``, which
+:func:`muarl.policies.vllm_server.server_command` adds) whose methods the trainer calls through
+``POST /collective_rpc`` (dev mode).
+
+Why a worker extension, as TRL's ``vllm serve`` does it: the methods run in each worker, beside its model,
+so the weights go from the trainer's process into the worker's through a process group the two share
+(gloo, NCCL between GPUs) and into the model by vLLM's own in-place ``reload_weights`` (Hugging Face names
+mapped onto fused layouts, repacked as at start-up), one bucket at a time: no file, no second copy of the
+model on either side. vLLM's ``WeightTransferEngine`` registry would need a plugin installed in the
+server's environment and its trainer half needs vLLM in the trainer's; this needs neither.
+
+The methods' arguments come as JSON (the route's), the bucket plan as a JSON string. Imports torch and
+:mod:`muarl.policies.weight_buckets` only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from muarl.policies.weight_buckets import bucket_nbytes, dtype_name, open_group, unpack
+
+#: the ``--worker-extension-cls`` a server needs for the in-memory sync
+RECEIVER = "muarl.policies.vllm_receiver.WeightReceiver"
+
+
+class WeightReceiver:
+    """Mixed into every vLLM worker of a server (``self`` is the worker: ``rank``, ``model_runner``,
+    ``vllm_config``, ``reload_weights``)."""
+
+    _muarl_link: tuple[Any, Any, torch.device] | None = None
+
+    def muarl_link_info(self) -> dict[str, Any]:
+        """This worker's model dtype (the wire dtype the trainer casts to), device type and rank."""
+        parameter = next(self.model_runner.get_model().parameters())  # type: ignore[attr-defined]
+        return {"dtype": dtype_name(self.vllm_config.model_config.dtype),  # type: ignore[attr-defined]
+                "device": parameter.device.type, "rank": int(self.rank)}  # type: ignore[attr-defined]
+
+    def muarl_open_link(self, host: str, port: int, first_rank: int, world: int, backend: str,
+                        timeout_s: float) -> dict[str, Any]:
+        """Join the trainer's group (its TCPStore at ``host:port``) as rank ``first_rank + self.rank``;
+        returns once every member has joined. A link opened before is closed first."""
+        self.muarl_close_link()
+        store = dist.TCPStore(host, int(port), int(world), False, timeout=datetime.timedelta(seconds=timeout_s))
+        rank = int(first_rank) + int(self.rank)  # type: ignore[attr-defined]
+        group = open_group(store, rank, int(world), backend, timeout_s)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self._muarl_link = (store, group, device)
+        return {"rank": rank}
+
+    def muarl_receive(self, plan: str) -> dict[str, Any]:
+        """Receive the buckets ``plan`` (JSON: a list of buckets, each of ``{"name", "dtype", "shape"}``)
+        lays out, broadcast by the trainer (rank 0) in that order, and reload them into the model as they
+        arrive. A failure while loading still takes every remaining bucket off the wire (and drops it), so
+        the trainer's broadcasts end and the error reaches it as the request's answer."""
+        if self._muarl_link is None:
+            raise RuntimeError("muarl_receive before muarl_open_link: no weight link to receive on")
+        _, group, device = self._muarl_link
+        buckets = json.loads(plan)
+        posted: list[tuple[torch.Tensor, Any]] = []  # (buffer, its broadcast in flight), one bucket ahead
+
+        def post() -> None:
+            buffer = torch.empty(bucket_nbytes(buckets[len(posted)]), dtype=torch.uint8, device=device)
+            posted.append((buffer, group.broadcast(buffer, 0)))
+
+        def stream():
+            for index, bucket in enumerate(buckets):
+                if len(posted) == index:
+                    post()
+                buffer, arrival = posted[index]
+                arrival.wait()
+                if len(posted) < len(buckets):  # the next bucket comes in while this one loads
+                    post()
+                yield from unpack(buffer, bucket)
+                posted[index] = (buffer.new_empty(0), None)  # loaded: its memory can go
+
+        try:
+            self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        finally:
+            for _, arrival in posted:
+                if arrival is not None:
+                    arrival.wait()
+            while len(posted) < len(buckets):
+                post()
+                posted[-1][1].wait()
+        return {"buckets": len(buckets), "bytes": sum(bucket_nbytes(b) for b in buckets)}
+
+    def muarl_close_link(self) -> None:
+        """Drop the link (the trainer opens a new one when it needs to)."""
+        self._muarl_link = None

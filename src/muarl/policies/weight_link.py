@@ -1,0 +1,174 @@
+"""The trainer's side of the in-memory weight sync into vLLM servers (``--vllm-weight-sync memory``, the
+default): one process group holding the trainer (rank 0) and every worker of every server, over which each
+sync broadcasts the weights in buckets of the engine's dtype (bf16 on GPUs), while each server, paused,
+reloads them into its model as they arrive (:mod:`muarl.policies.vllm_receiver`).
+
+Why not the file: a full-weight sync through safetensors writes and reads the whole model per step, in the
+trainer's dtype (33 GB at 8B in float32), and needs a filesystem the servers share. Here one broadcast
+reaches every server, the bytes are the engine's dtype, and each end holds one bucket beyond its model.
+The group is gloo (CPU tensors, any machines) unless the trainer and every worker are on GPUs, where it is
+NCCL. The control (the bucket plan, pause, reset, resume) goes over the servers' HTTP routes (dev mode).
+
+A server started without the receiver (not by :func:`~muarl.policies.vllm_server.server_command`) answers
+the first call with an error, and :meth:`WeightLink.open` returns None: the caller falls back to files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import socket
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+import torch.distributed as dist
+
+from muarl.policies.vllm_receiver import RECEIVER
+from muarl.policies.weight_buckets import BUCKET_BYTES, bucket_nbytes, dtype_of, open_group, pack, plan
+
+LINK_TIMEOUT_S = 600.0
+
+
+class LinkFailed(RuntimeError):
+    """A sync over the link failed (a server refused or died, the group broke): the message names it."""
+
+
+def local_address(url: str) -> str:
+    """The address of this machine the server at ``url`` reaches it by: loopback for a server here, else
+    the interface the route to the server leaves by (a UDP socket's connect sends nothing)."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+
+
+class WeightLink:
+    """Rank 0's process group with every worker of ``servers``
+    (:class:`~muarl.policies.vllm_server.VLLMServer`); :meth:`open` makes one. ``wire``: the engines'
+    dtype, which every floating weight is cast to before it leaves; ``backend``: gloo or nccl."""
+
+    def __init__(self, servers: list[Any], group: Any, store: Any, wire: torch.dtype, backend: str,
+                 bucket_bytes: int = BUCKET_BYTES):
+        self.servers, self.group, self.store, self.wire, self.backend = servers, group, store, wire, backend
+        self.bucket_bytes = bucket_bytes
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.broken = False
+
+    @classmethod
+    def open(cls, servers: list[Any], *, backend: str = "auto", timeout_s: float = LINK_TIMEOUT_S,
+             bucket_bytes: int = BUCKET_BYTES) -> WeightLink | None:
+        """Join every worker of ``servers`` into one group with this process; None when a server has no
+        receiver (started without muarl's worker extension), any other failure a :class:`LinkFailed`.
+        ``backend``: "auto" (NCCL when this process and every worker have GPUs, else gloo), gloo or nccl."""
+        from muarl.policies.vllm_server import ServerError
+
+        infos: list[list[dict[str, Any]]] = []
+        for server in servers:
+            try:
+                infos.append(server.rpc("muarl_link_info"))
+            except ServerError as err:
+                if "has no attribute 'muarl_link_info'" in str(err):  # vLLM's answer, HTTP 500
+                    return None
+                raise LinkFailed(str(err)) from None
+        dtypes = {info["dtype"] for workers in infos for info in workers}
+        if len(dtypes) != 1:
+            raise LinkFailed(f"the servers {', '.join(s.url for s in servers)} run different dtypes "
+                             f"({', '.join(sorted(dtypes))}): one weight sync cannot serve them all")
+        on_gpus = all(info["device"] == "cuda" for workers in infos for info in workers)
+        if backend == "auto":
+            backend = "nccl" if on_gpus and torch.cuda.is_available() else "gloo"
+        world = 1 + sum(len(workers) for workers in infos)
+        store = dist.TCPStore(local_address(servers[0].url), 0, world, True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        host, first = local_address(servers[0].url), 1
+        with ThreadPoolExecutor(len(servers), thread_name_prefix="muarl-link") as pool:
+            joins = []
+            for server, workers in zip(servers, infos, strict=True):
+                joins.append(pool.submit(server.rpc, "muarl_open_link", host=host, port=store.port, first_rank=first,
+                                         world=world, backend=backend, timeout_s=timeout_s))
+                first += len(workers)
+            try:
+                group = open_group(store, 0, world, backend, timeout_s)  # returns once every worker has joined
+            except RuntimeError as err:
+                failed = [f"{s.url}: {j.exception()}" for s, j in zip(servers, joins, strict=True)
+                          if j.done() and j.exception() is not None]
+                raise LinkFailed(f"the weight link could not be opened ({'; '.join(failed) or err})") from None
+            for server, join in zip(servers, joins, strict=True):
+                if join.exception() is not None:
+                    raise LinkFailed(f"{server.url} could not join the weight link ({join.exception()})")
+        return cls(servers, group, store, dtype_of(dtypes.pop()), backend, bucket_bytes)
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Every server takes ``weights`` ((HF name, tensor), as :func:`muarl.train.weights.merged_weights`
+        gives them) with generation paused around it; returns the bytes broadcast. Every server must take
+        them: any failure is a :class:`LinkFailed` naming the servers, and the link is broken after it."""
+        if self.broken:
+            raise LinkFailed("the weight link broke in an earlier sync")
+        weights = list(weights)
+        buckets = plan(weights, self.wire, self.bucket_bytes)
+        tensors = dict(weights)
+        payload = json.dumps(buckets)
+        sent: list[BaseException] = []
+
+        def broadcast() -> None:
+            in_flight: tuple[Any, Any] | None = None  # (buffer, its broadcast): the buffer lives until it is sent
+            try:
+                for bucket in buckets:  # the next bucket is packed while the last one is on the wire
+                    buffer = pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
+                    if in_flight is not None:
+                        in_flight[1].wait()
+                    in_flight = (buffer, self.group.broadcast(buffer, 0))
+                if in_flight is not None:
+                    in_flight[1].wait()
+            except BaseException as err:  # the servers' answers say why; kept in case they do not
+                sent.append(err)
+
+        def receive(server: Any) -> None:
+            with server.paused():
+                server.rpc("muarl_receive", plan=payload)
+
+        sender = threading.Thread(target=broadcast, name="muarl-link-send", daemon=True)
+        with ThreadPoolExecutor(len(self.servers), thread_name_prefix="muarl-link") as pool:
+            loads = [pool.submit(receive, server) for server in self.servers]
+            sender.start()
+            failed = [(server, load.exception()) for server, load in zip(self.servers, loads, strict=True)
+                      if load.exception() is not None]
+        if failed:
+            self.broken = True  # a broadcast may still wait on a worker that left: this group is done
+            raise LinkFailed("; ".join(f"{server.url} could not take the weights ({err})" for server, err in failed))
+        sender.join(timeout=60)
+        if sent or sender.is_alive():
+            self.broken = True
+            raise LinkFailed(f"the weights were taken but the broadcast did not end cleanly ({sent[0] if sent else 'hung'})")
+        for server in self.servers:
+            server.stats.weight_syncs += 1
+        return sum(bucket_nbytes(bucket) for bucket in buckets)
+
+    def close(self) -> None:
+        """Ask the servers to drop their end (a server already gone is left as it is)."""
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.rpc("muarl_close_link")
+        self.group = None
+        self.store = None
+
+
+def open_or_warn(servers: list[Any]) -> WeightLink | None:
+    """:meth:`WeightLink.open`, saying in one line on stderr when a server has no receiver and the weights
+    go through files instead."""
+    import sys
+
+    link = WeightLink.open(servers)
+    if link is None:
+        print(f"muarl: warning: the vLLM server(s) {', '.join(s.url for s in servers)} have no muarl weight "
+              f"receiver (start them with --worker-extension-cls {RECEIVER}, as server_command() does): full "
+              "weights go through safetensors files instead (--vllm-weight-sync file says so without this "
+              "warning)", file=sys.stderr)
+    return link
