@@ -166,7 +166,8 @@ def test_identical_runs_differ_by_zero_with_a_zero_interval(runs):
     assert [m["metric"] for m in report["metrics"]] == ["pass^1", "pass^2", "policy_fault_rate", "user_fault_rate",
                                                         "tool_fault_rate", "truncation_rate", "accuracy", "tcr",
                                                         "avg_turns",
-                                                        "violation_rate", "transfer_rate", "user_slip_rate"]
+                                                        "violation_rate", "compliant_success", "transfer_rate",
+                                                        "user_slip_rate"]
     for m in report["metrics"]:
         assert (m["diff"], m["low"], m["high"], m["excludes_zero"]) == (0.0, 0.0, 0.0, False)
 

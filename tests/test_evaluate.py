@@ -130,6 +130,14 @@ def test_evaluate_expert_noconfirm_writes_consistent_results(tmp_path):
     violated = [bool(t.reward.violations) for t in found.values()]
     assert data["metrics"]["violation_rate"] == pytest.approx(sum(violated) / len(violated), abs=1e-6)
     assert data["metrics"]["violation_rate"] > 0 and data["metrics"]["accuracy"] < 1  # skipping confirmation shows
+    # success within the policy: a right database reached by skipping a check is not one
+    clean = [t.reward.reward >= 1 and not t.reward.violations for t in found.values()]
+    assert data["metrics"]["compliant_success"] == pytest.approx(sum(clean) / len(clean), abs=1e-6)
+    assert any(t.reward.reward >= 1 and t.reward.violations for t in found.values())  # so the two differ here
+    assert data["metrics"]["compliant_success"] < data["metrics"]["accuracy"]
+    for row in data["tasks"]:
+        mine = [clean[i] for i, key in enumerate(found) if key[0] == row["task_id"]]
+        assert row["compliant_success"] == pytest.approx(sum(mine) / len(mine), abs=1e-6)
     assert data["metrics"]["episodes"] == 72 and sum(data["metrics"]["stop_reasons"].values()) == 72
     rebuilt = result_from_trajectories(tmp_path / "trajectories.jsonl")
     assert rebuilt.metrics == result.metrics and rebuilt.tasks == result.tasks

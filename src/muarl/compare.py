@@ -39,7 +39,7 @@ from muarl.provenance import compare as compare_provenance
 #: per-task values compared by default, besides pass^1 .. pass^k (k: the smallest of the runs' k) and the fault
 #: rates by party (:data:`muarl.evaluate.FAULT_COLUMNS`), which come right after pass^k
 DEFAULT_METRICS: tuple[str, ...] = ("truncation_rate", "accuracy", "tcr", "avg_turns", "violation_rate",
-                                     "transfer_rate", "user_slip_rate")
+                                     "compliant_success", "transfer_rate", "user_slip_rate")
 
 
 @dataclass

@@ -92,6 +92,12 @@ def _violated(traj: Trajectory) -> bool:
     return traj.reward is not None and bool(traj.reward.violations)
 
 
+def _compliant(traj: Trajectory) -> float:
+    """1 for a success that broke none of the domain's rules: what an agent that authenticates, confirms and
+    only then acts is for, where pass^1 also counts a right database reached by skipping a check."""
+    return float(_reward(traj) >= 1.0 and not _violated(traj))
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return _round(sum(values) / len(values)) if values else None
 
@@ -117,6 +123,7 @@ def task_row(task_id: str, family: str, trajs: Sequence[Trajectory], k: int,
         "avg_turns": _mean([t.turns for t in trials]),
         "violations": violations,
         "violation_rate": _round(violations / n) if n else None,
+        "compliant_success": _mean([_compliant(t) for t in trials]),
         "transfer_rate": _mean([float(t.stop_reason == "transfer") for t in trials]),
         "truncation_rate": _mean([float(t.truncated) for t in trials]),
         **slip_rates([t.metadata.get("user_slips") for t in trials]),
@@ -169,6 +176,8 @@ def summarize(groups: Sequence[Sequence[Trajectory]], families: Mapping[str, str
         # what the simulated user got wrong (muarl.users.slips): episodes the agent is not to blame for
         **slip_rates([t.metadata.get("user_slips") for t in trials]),
         "violation_rate": _mean([float(_violated(t)) for t in trials]),
+        # success with no rule broken: pass^1 counts a right database reached by skipping a check
+        "compliant_success": _mean([_compliant(t) for t in trials]),
         "violations": dict(sorted(kinds.items())),
         "db_match_rate": _mean([float(not t.fault_kind and t.reward is not None and t.reward.db_match)
                                 for t in trials]),
@@ -248,9 +257,9 @@ class EvalResult:
         rule = ("policy faults counted as failures, user and tool faults left out" if excluded
                 else "every fault counted as a failure")
         heads = [*passes, *FAULT_COLUMNS.values(), "truncation rate", "accuracy", "TCR", "avg turns",
-                 "violation rate", "transfer rate", "tool error rate"]
+                 "violation rate", "success within the policy", "transfer rate", "tool error rate"]
         keys = [*passes, *FAULT_COLUMNS, "truncation_rate", "accuracy", "tcr", "avg_turns", "violation_rate",
-                "transfer_rate", "tool_error_rate"]
+                "compliant_success", "transfer_rate", "tool_error_rate"]
         lines = [f"# Evaluation: {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}",
                  "", f"{m['tasks']} tasks, {m['episodes']} episodes ({m['trials']} trials; {rule}), seed "
                  f"{c.get('seed')}, max turns {c.get('max_turns')}.", "",

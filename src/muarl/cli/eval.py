@@ -74,7 +74,8 @@ def print_metrics(console: Any, result: Any) -> None:
     # then the truncation rate: episodes cut off at a token, context or turn limit, which a success rate
     # cannot tell from clean failures
     keys = [f"pass^{j}" for j in range(1, k + 1)] + [*FAULT_COLUMNS, "truncation_rate", "accuracy", "tcr",
-                                                      "avg_turns", "violation_rate", "transfer_rate", "tool_error_rate"]
+                                                      "avg_turns", "violation_rate", "compliant_success",
+                                                      "transfer_rate", "tool_error_rate"]
     table = Table(title=f"eval {c.get('domain')}/{c.get('split')}: {c.get('policy')} x {c.get('user')}, k={k}, "
                         f"{m['tasks']} tasks, {m['episodes']} episodes")
     table.add_column("metric")

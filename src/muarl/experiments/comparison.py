@@ -65,7 +65,8 @@ def changed_conversations(out: Path, shown: int = 3, runs: tuple[str, str] = ("e
 #: the demo table's rows; "faults" is the fault rate by party, beside success because a policy fault counts
 #: as a failure in pass^1 and a user or tool fault is left out of it
 ROWS = (("success (pass^1)", "pass^1"), ("fault rate: policy / user / tool", "faults"), ("pass^k", None),
-        ("truncation rate", "truncation_rate"), ("TCR", "tcr"), ("avg turns", "avg_turns"), ("violation rate", "violation_rate"),
+        ("truncation rate", "truncation_rate"), ("TCR", "tcr"), ("avg turns", "avg_turns"),
+        ("violation rate", "violation_rate"), ("success within the policy (no violation)", "compliant_success"),
         ("malformed calls / episode", "malformed_calls"), ("user slips (muarl.users.slips)", "user_slip_rate"))
 FAULT_KEYS = ("policy_fault_rate", "user_fault_rate", "tool_fault_rate")
 
