@@ -555,6 +555,36 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server, we
     assert largest > 0.05
 
 
+def test_a_server_that_cannot_reach_the_trainer_fails_the_sync_in_one_line_within_the_connect_time(vllm_server,
+                                                                                                   monkeypatch):
+    """A network between trainer and server that lets HTTP through but not the link (mocked: the address the
+    trainer gives the server's workers is one nothing answers on, a partition this machine cannot make
+    otherwise): the sync fails within the connect time, in one line that names the way out, and the server
+    is left serving."""
+    import time
+
+    import muarl.policies.weight_link as link
+    from muarl.models import load
+    from muarl.policies.weight_link import LinkFailed
+
+    monkeypatch.setattr(link, "local_address", lambda url: "10.255.255.1")
+    monkeypatch.setattr(link, "CONNECT_TIMEOUT_S", 4.0)
+    policy = _server_policy(vllm_server)
+    try:
+        began = time.monotonic()
+        with pytest.raises(LinkFailed, match="could not be opened") as failed:
+            policy.sync_weights(merged_weights(load("tiny")[0]))
+        assert time.monotonic() - began < 40, time.monotonic() - began
+        assert "--vllm-weight-sync file" in str(failed.value) and "\n" not in str(failed.value), failed.value
+    finally:
+        policy.close()
+    again = _server_policy(vllm_server)  # the server was not paused or broken by it
+    try:
+        assert len(_rollouts(again, tasks=1, group=1, max_turns=1)) == 1
+    finally:
+        again.close()
+
+
 def test_a_server_without_the_receiver_takes_full_weights_through_files_and_says_so(tmp_path, capsys):
     """A server started without muarl's worker extension: the in-memory sync finds no receiver, says so in
     one line on stderr, and the weights go through a safetensors file instead; the server scores as the

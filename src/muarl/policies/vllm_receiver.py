@@ -27,6 +27,8 @@ from muarl.policies.weight_buckets import bucket_nbytes, dtype_name, open_group,
 
 #: the ``--worker-extension-cls`` a server needs for the in-memory sync
 RECEIVER = "muarl.policies.vllm_receiver.WeightReceiver"
+#: the store's count of the workers that reached it
+JOINED = "muarl-joined"
 
 
 class WeightReceiver:
@@ -42,11 +44,13 @@ class WeightReceiver:
                 "device": parameter.device.type, "rank": int(self.rank)}  # type: ignore[attr-defined]
 
     def muarl_open_link(self, host: str, port: int, first_rank: int, world: int, backend: str,
-                        timeout_s: float) -> dict[str, Any]:
-        """Join the trainer's group (its TCPStore at ``host:port``) as rank ``first_rank + self.rank``;
-        returns once every member has joined. A link opened before is closed first."""
+                        timeout_s: float, connect_s: float = 60.0) -> dict[str, Any]:
+        """Join the trainer's group (its TCPStore at ``host:port``, reached within ``connect_s``) as rank
+        ``first_rank + self.rank``; returns once every member has joined. ``timeout_s`` bounds each
+        broadcast. A link opened before is closed first."""
         self.muarl_close_link()
-        store = dist.TCPStore(host, int(port), int(world), False, timeout=datetime.timedelta(seconds=timeout_s))
+        store = dist.TCPStore(host, int(port), int(world), False, timeout=datetime.timedelta(seconds=connect_s))
+        store.add(JOINED, 1)  # the trainer waits for every worker here, a bounded time, before the group forms
         rank = int(first_rank) + int(self.rank)  # type: ignore[attr-defined]
         group = open_group(store, rank, int(world), backend, timeout_s)
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")

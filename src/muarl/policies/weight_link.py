@@ -20,6 +20,7 @@ import datetime
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,10 +29,11 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
-from muarl.policies.vllm_receiver import RECEIVER
+from muarl.policies.vllm_receiver import JOINED, RECEIVER
 from muarl.policies.weight_buckets import BUCKET_BYTES, bucket_nbytes, dtype_of, open_group, pack, plan
 
-LINK_TIMEOUT_S = 600.0
+LINK_TIMEOUT_S = 600.0  # one broadcast (a bucket) may take this long before the sync fails
+CONNECT_TIMEOUT_S = 60.0  # every worker joins the group within this, or the link is refused
 
 
 class LinkFailed(RuntimeError):
@@ -85,21 +87,27 @@ class WeightLink:
         if backend == "auto":
             backend = "nccl" if on_gpus and torch.cuda.is_available() else "gloo"
         world = 1 + sum(len(workers) for workers in infos)
-        store = dist.TCPStore(local_address(servers[0].url), 0, world, True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
         host, first = local_address(servers[0].url), 1
+        # the store listens on every interface; its own client (this process) reaches it on loopback
+        store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
         with ThreadPoolExecutor(len(servers), thread_name_prefix="muarl-link") as pool:
             joins = []
             for server, workers in zip(servers, infos, strict=True):
                 joins.append(pool.submit(server.rpc, "muarl_open_link", host=host, port=store.port, first_rank=first,
-                                         world=world, backend=backend, timeout_s=timeout_s))
+                                         world=world, backend=backend, timeout_s=timeout_s,
+                                         connect_s=CONNECT_TIMEOUT_S))
                 first += len(workers)
-            try:
-                group = open_group(store, 0, world, backend, timeout_s)  # returns once every worker has joined
-            except RuntimeError as err:
+            deadline = time.monotonic() + CONNECT_TIMEOUT_S
+            while store.add(JOINED, 0) < world - 1:  # every worker reached the store, or say who did not
                 failed = [f"{s.url}: {j.exception()}" for s, j in zip(servers, joins, strict=True)
                           if j.done() and j.exception() is not None]
-                raise LinkFailed(f"the weight link could not be opened ({'; '.join(failed) or err})") from None
+                if failed or time.monotonic() > deadline:
+                    raise LinkFailed(f"the weight link could not be opened: the servers' workers did not all reach "
+                                     f"{host}:{store.port} within {CONNECT_TIMEOUT_S:.0f} s ({'; '.join(failed) or 'no answer'}); "
+                                     "a server that cannot reach this machine needs --vllm-weight-sync file")
+                time.sleep(0.05)
+            group = open_group(store, 0, world, backend, timeout_s)  # every worker is there: forms at once
             for server, join in zip(servers, joins, strict=True):
                 if join.exception() is not None:
                     raise LinkFailed(f"{server.url} could not join the weight link ({join.exception()})")
