@@ -294,8 +294,7 @@ class VLLMServerPolicy(VLLMPolicy):
         if weight_sync not in ("memory", "file"):
             raise ValueError(f"weight_sync must be memory or file, not {weight_sync!r}")
         self.weight_sync = weight_sync
-        self.link: Any = None  # the in-memory sync's WeightLink, opened at the first full-weight sync
-        self._link_tried = False
+        self._link: Any = None  # the in-memory sync's LazyLink, made at the first full-weight sync
         self.sync_bytes = 0  # bytes the last sync moved (broadcast or written)
 
         self.engine = VLLMServer(url, model, timeout=timeout, max_batch=max_batch)  # type: ignore[assignment]
@@ -363,14 +362,21 @@ class VLLMServerPolicy(VLLMPolicy):
         self.synced(path, lora=False)
 
     def weight_link(self) -> Any:
-        """The in-memory link to this server, opened at the first call; None with ``weight_sync="file"`` or
-        when the server has no receiver (said once, on stderr)."""
-        if self.weight_sync == "memory" and not self._link_tried:
-            from muarl.policies.weight_link import open_or_warn
+        """The in-memory :class:`~muarl.policies.weight_link.WeightLink` to this server (opened at the first
+        call, again after a failure); None with ``weight_sync="file"`` or when the server has no receiver
+        (said once, on stderr)."""
+        if self.weight_sync != "memory":
+            return None
+        if self._link is None:
+            from muarl.policies.weight_link import LazyLink
 
-            self._link_tried = True
-            self.link = open_or_warn([self.engine])
-        return self.link
+            self._link = LazyLink([self.engine])
+        return self._link.get()
+
+    @property
+    def link(self) -> Any:
+        """The open weight link, if any."""
+        return self._link.link if self._link is not None else None
 
     def sync_lora(self, model: Any) -> None:
         """Save a peft model's adapter to a fresh directory and load it into the server in place; later
@@ -430,9 +436,8 @@ class VLLMServerPolicy(VLLMPolicy):
             with contextlib.suppress(ServerError):  # a server already gone has nothing to unload
                 self.engine.unload_lora(self.lora)
             self.lora = None
-        if self.link is not None:
-            self.link.close()
-            self.link = None
+        if self._link is not None:
+            self._link.close()
         self.engine.close()
         shutil.rmtree(self.sync_dir, ignore_errors=True)
 

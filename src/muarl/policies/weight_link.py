@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -168,15 +169,29 @@ class WeightLink:
         self.store = None
 
 
-def open_or_warn(servers: list[Any]) -> WeightLink | None:
-    """:meth:`WeightLink.open`, saying in one line on stderr when a server has no receiver and the weights
-    go through files instead."""
-    import sys
+class LazyLink:
+    """The link to ``servers``, opened at the first :meth:`get`, and again after a failure broke it (a
+    restarted server gets a new one); None for good, said once on stderr, when a server has no receiver."""
 
-    link = WeightLink.open(servers)
-    if link is None:
-        print(f"muarl: warning: the vLLM server(s) {', '.join(s.url for s in servers)} have no muarl weight "
-              f"receiver (start them with --worker-extension-cls {RECEIVER}, as server_command() does): full "
-              "weights go through safetensors files instead (--vllm-weight-sync file says so without this "
-              "warning)", file=sys.stderr)
-    return link
+    def __init__(self, servers: list[Any]):
+        self.servers = servers
+        self.link: WeightLink | None = None
+        self.absent = False  # a server without the receiver: the caller's weights go through files
+
+    def get(self) -> WeightLink | None:
+        if self.link is not None and self.link.broken:
+            self.close()
+        if self.link is None and not self.absent:
+            self.link = WeightLink.open(self.servers)  # a LinkFailed leaves it unopened: the next call tries again
+            if self.link is None:
+                self.absent = True
+                print(f"muarl: warning: the vLLM server(s) {', '.join(s.url for s in self.servers)} have no muarl "
+                      f"weight receiver (start them with --worker-extension-cls {RECEIVER}, as server_command() "
+                      "does): full weights go through safetensors files instead (--vllm-weight-sync file says so "
+                      "without this warning)", file=sys.stderr)
+        return self.link
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None

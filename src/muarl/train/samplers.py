@@ -297,8 +297,7 @@ class ServerSampler:
                  weight_sync: str = "memory"):
         self.policies, self.lora, self.dist = policies, lora, dist or Dist()
         self.weight_sync = weight_sync
-        self.link: Any = None  # rank 0's WeightLink with every server's workers, opened at the first push
-        self._link_tried = False
+        self.link: Any = None  # rank 0's LazyLink with every server's workers, made at the first push
         self.sync_bytes = 0
         try:
             self.sync(model)
@@ -341,15 +340,15 @@ class ServerSampler:
         into every server at the same time."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from muarl.policies.weight_link import LinkFailed, open_or_warn
+        from muarl.policies.weight_link import LazyLink, LinkFailed
 
         if not self.lora and self.weight_sync == "memory":
+            if self.link is None:
+                self.link = LazyLink([policy.engine for policy in self.policies])
             try:
-                if not self._link_tried:
-                    self._link_tried = True
-                    self.link = open_or_warn([policy.engine for policy in self.policies])
-                if self.link is not None:
-                    self.sync_bytes = self.link.send(merged_weights(model))
+                link = self.link.get()
+                if link is not None:
+                    self.sync_bytes = link.send(merged_weights(model))
                     return
             except LinkFailed as err:
                 names = ", ".join(policy.name for policy in self.policies)
