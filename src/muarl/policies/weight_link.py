@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -92,26 +92,25 @@ class WeightLink:
         # the store listens on every interface; its own client (this process) reaches it on loopback
         store = dist.TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
-        with ThreadPoolExecutor(len(servers), thread_name_prefix="muarl-link") as pool:
-            joins = []
-            for server, workers in zip(servers, infos, strict=True):
-                joins.append(pool.submit(server.rpc, "muarl_open_link", host=host, port=store.port, first_rank=first,
-                                         world=world, backend=backend, timeout_s=timeout_s,
-                                         connect_s=CONNECT_TIMEOUT_S))
-                first += len(workers)
-            deadline = time.monotonic() + CONNECT_TIMEOUT_S
-            while store.add(JOINED, 0) < world - 1:  # every worker reached the store, or say who did not
-                failed = [f"{s.url}: {j.exception()}" for s, j in zip(servers, joins, strict=True)
-                          if j.done() and j.exception() is not None]
-                if failed or time.monotonic() > deadline:
-                    raise LinkFailed(f"the weight link could not be opened: the servers' workers did not all reach "
-                                     f"{host}:{store.port} within {CONNECT_TIMEOUT_S:.0f} s ({'; '.join(failed) or 'no answer'}); "
-                                     "a server that cannot reach this machine needs --vllm-weight-sync file")
-                time.sleep(0.05)
-            group = open_group(store, 0, world, backend, timeout_s)  # every worker is there: forms at once
-            for server, join in zip(servers, joins, strict=True):
-                if join.exception() is not None:
-                    raise LinkFailed(f"{server.url} could not join the weight link ({join.exception()})")
+        joins = []
+        for server, workers in zip(servers, infos, strict=True):
+            joins.append(_background(server.rpc, "muarl_open_link", host=host, port=store.port, first_rank=first,
+                                     world=world, backend=backend, timeout_s=timeout_s, connect_s=CONNECT_TIMEOUT_S))
+            first += len(workers)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while store.add(JOINED, 0) < world - 1:  # every worker reached the store, or say who did not
+            failed = [f"{s.url}: {j.exception()}" for s, j in zip(servers, joins, strict=True)
+                      if j.done() and j.exception() is not None]
+            if failed or time.monotonic() > deadline:
+                raise LinkFailed(f"the weight link could not be opened: the servers' workers did not all reach "
+                                 f"{host}:{store.port} within {CONNECT_TIMEOUT_S:.0f} s "
+                                 f"({'; '.join(failed) or 'no answer'}); a server that cannot reach this machine "
+                                 "needs --vllm-weight-sync file")
+            time.sleep(0.05)
+        group = open_group(store, 0, world, backend, timeout_s)  # every worker is there: forms at once
+        for server, join in zip(servers, joins, strict=True):
+            if join.exception(timeout=CONNECT_TIMEOUT_S) is not None:
+                raise LinkFailed(f"{server.url} could not join the weight link ({join.exception()})")
         return cls(servers, group, store, dtype_of(dtypes.pop()), backend, bucket_bytes)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -124,38 +123,32 @@ class WeightLink:
         buckets = plan(weights, self.wire, self.bucket_bytes)
         tensors = dict(weights)
         payload = json.dumps(buckets)
-        sent: list[BaseException] = []
 
         def broadcast() -> None:
             in_flight: tuple[Any, Any] | None = None  # (buffer, its broadcast): the buffer lives until it is sent
-            try:
-                for bucket in buckets:  # the next bucket is packed while the last one is on the wire
-                    buffer = pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
-                    if in_flight is not None:
-                        in_flight[1].wait()
-                    in_flight = (buffer, self.group.broadcast(buffer, 0))
+            for bucket in buckets:  # the next bucket is packed while the last one is on the wire
+                buffer = pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
                 if in_flight is not None:
                     in_flight[1].wait()
-            except BaseException as err:  # the servers' answers say why; kept in case they do not
-                sent.append(err)
+                in_flight = (buffer, self.group.broadcast(buffer, 0))
+            if in_flight is not None:
+                in_flight[1].wait()
 
         def receive(server: Any) -> None:
             with server.paused():
                 server.rpc("muarl_receive", plan=payload)
 
-        sender = threading.Thread(target=broadcast, name="muarl-link-send", daemon=True)
-        with ThreadPoolExecutor(len(self.servers), thread_name_prefix="muarl-link") as pool:
-            loads = [pool.submit(receive, server) for server in self.servers]
-            sender.start()
-            failed = [(server, load.exception()) for server, load in zip(self.servers, loads, strict=True)
-                      if load.exception() is not None]
+        loads = [_background(receive, server) for server in self.servers]
+        sender = _background(broadcast)
+        # the first failure ends the wait: the others may be held in a broadcast that cannot complete now
+        wait([*loads, sender], return_when=FIRST_EXCEPTION)
+        failed = [(server.url, load.exception()) for server, load in zip(self.servers, loads, strict=True)
+                  if load.done() and load.exception() is not None]
+        if not failed and sender.done() and sender.exception() is not None:
+            failed = [("the broadcast", sender.exception())]
         if failed:
-            self.broken = True  # a broadcast may still wait on a worker that left: this group is done
-            raise LinkFailed("; ".join(f"{server.url} could not take the weights ({err})" for server, err in failed))
-        sender.join(timeout=60)
-        if sent or sender.is_alive():
-            self.broken = True
-            raise LinkFailed(f"the weights were taken but the broadcast did not end cleanly ({sent[0] if sent else 'hung'})")
+            self.broken = True  # a broadcast or a server may still wait on a peer that left: this group is done
+            raise LinkFailed("; ".join(f"{who} could not take the weights ({err})" for who, err in failed))
         for server in self.servers:
             server.stats.weight_syncs += 1
         return sum(bucket_nbytes(bucket) for bucket in buckets)
@@ -195,3 +188,19 @@ class LazyLink:
         if self.link is not None:
             self.link.close()
             self.link = None
+
+
+def _background(fn: Any, *args: Any, **kwargs: Any) -> Future:
+    """``fn`` in a daemon thread: a caller that gives up on it (a failed sync, whose broadcast may wait out
+    its timeout) is not held by it, nor is the process's exit (a pool's threads are joined at exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as err:
+                future.set_exception(err)
+
+    threading.Thread(target=run, name="muarl-link", daemon=True).start()
+    return future
