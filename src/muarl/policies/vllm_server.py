@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 
 
 DEV_MODE_HINT = "full-weight sync needs the dev-mode routes: start the server with VLLM_SERVER_DEV_MODE=1"
+#: worker calls that may be sent twice (a weight link's joins and receives may not: a second one would wait)
+IDEMPOTENT_RPCS = frozenset({"reload_weights", "muarl_link_info", "muarl_close_link"})
 
 
 class ServerError(RuntimeError):
@@ -130,11 +132,23 @@ class VLLMServer:
         self.max_model_len: int = int(card.get("max_model_len") or 0)
 
     # -- plumbing -------------------------------------------------------------------------------------
-    def request(self, method: str, route: str, *, hint: str = "", **kwargs: Any) -> httpx2.Response:
+    def request(self, method: str, route: str, *, hint: str = "", retry: bool | None = None,
+                **kwargs: Any) -> httpx2.Response:
         """One HTTP request; any failure becomes a one-line :class:`ServerError` naming the server,
-        the route and why (``hint`` says how to start a server that has the route, for a 404)."""
+        the route and why (``hint`` says how to start a server that has the route, for a 404).
+
+        ``retry`` (default: GET requests): a request that may be sent twice is sent again once when the
+        connection it went out on was dropped before an answer came. The server drops a connection after a
+        route fails inside it (uvicorn closes it after an unhandled exception, even once the 500 is sent),
+        and the pool may hand that connection to the next request: "Connection reset by peer"."""
+        retry = method == "GET" if retry is None else retry
         try:
-            response = self.client.request(method, route, **kwargs)
+            try:
+                response = self.client.request(method, route, **kwargs)
+            except (httpx2.ReadError, httpx2.RemoteProtocolError):
+                if not retry:
+                    raise
+                response = self.client.request(method, route, **kwargs)
         except httpx2.TimeoutException:
             raise ServerError(f"vLLM server {self.url}: {method} {route} timed out") from None
         except httpx2.HTTPError as err:
@@ -236,19 +250,20 @@ class VLLMServer:
     def rpc(self, method: str, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker of the server (``POST /collective_rpc``, dev mode): one result
         per worker, in their rank order."""
-        reply = self.request("POST", "/collective_rpc", hint=DEV_MODE_HINT, json={"method": method, "kwargs": kwargs})
+        reply = self.request("POST", "/collective_rpc", hint=DEV_MODE_HINT, retry=method in IDEMPOTENT_RPCS,
+                             json={"method": method, "kwargs": kwargs})
         return list((reply.json() if reply.content else {}).get("results") or [])
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Generation paused around a weight change (in-flight requests finish first, new ones wait), the
         prefix cache dropped after it (its KV came from the old weights)."""
-        self.request("POST", "/pause", params={"mode": "wait"}, hint=DEV_MODE_HINT)
+        self.request("POST", "/pause", params={"mode": "wait"}, hint=DEV_MODE_HINT, retry=True)
         try:
             yield
             self.reset_prefix_cache(required=True)
         finally:
-            self.request("POST", "/resume", hint=DEV_MODE_HINT)
+            self.request("POST", "/resume", hint=DEV_MODE_HINT, retry=True)
 
     def reset_prefix_cache(self, *, required: bool, attempts: int = 20) -> bool:
         """Drop the server's prefix cache (its KV came from the old weights). vLLM refuses while blocks
@@ -256,7 +271,8 @@ class VLLMServer:
         ``required``, else False (a LoRA sync's fresh adapter path already keeps stale blocks unused)."""
         for _ in range(attempts):
             try:
-                reply = self.request("POST", "/reset_prefix_cache", hint="start the server with VLLM_SERVER_DEV_MODE=1")
+                reply = self.request("POST", "/reset_prefix_cache", hint="start the server with VLLM_SERVER_DEV_MODE=1",
+                                     retry=True)
             except ServerError as err:
                 if not required and "HTTP 404" in str(err):
                     return False
