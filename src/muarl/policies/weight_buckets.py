@@ -12,6 +12,7 @@ the group. Imports torch alone: it runs inside a vLLM server's workers and in a 
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -57,7 +58,7 @@ def plan(weights: Iterable[tuple[str, torch.Tensor]], wire: torch.dtype,
 
 def bucket_nbytes(bucket: list[dict[str, Any]]) -> int:
     """Bytes of one planned bucket on the wire."""
-    return sum(dtype_of(e["dtype"]).itemsize * _numel(e["shape"]) for e in bucket)
+    return sum(dtype_of(e["dtype"]).itemsize * math.prod(e["shape"]) for e in bucket)
 
 
 def pack(tensors: list[torch.Tensor], bucket: list[dict[str, Any]], device: torch.device) -> torch.Tensor:
@@ -78,7 +79,7 @@ def unpack(buffer: torch.Tensor, bucket: list[dict[str, Any]]) -> Iterator[tuple
     offset = 0
     for entry in bucket:
         dtype = dtype_of(entry["dtype"])
-        nbytes = dtype.itemsize * _numel(entry["shape"])
+        nbytes = dtype.itemsize * math.prod(entry["shape"])
         yield entry["name"], buffer[offset:offset + nbytes].view(dtype).view(entry["shape"])
         offset += nbytes
     if offset != buffer.numel():
@@ -97,10 +98,3 @@ def open_group(store: dist.Store, rank: int, world: int, backend: str, timeout_s
         options._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, world, options)
     raise ValueError(f"weight sync backend must be gloo or nccl, not {backend!r}")
-
-
-def _numel(shape: list[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
