@@ -4,13 +4,15 @@ unsharded copy from FSDP2 shards whose rows do not divide evenly (a 2-row parame
 rank (all-gather) and on rank 0 alone; on gloo without its whole-buffer collectives. Then muarl's units:
 an untied model's embeddings and head are units of their own, a tied model's one parameter stays in the
 root; a forward and backward of both run FSDP2's own gathers and gradient scatters point to point, with
-gloo's whole-buffer collectives refused, and sum the ranks' gradients. Every check is an assert: a failing
+gloo's whole-buffer collectives refused, and sum the ranks' gradients; a tied model's backward allocates no
+dense vocabulary-sized gradient for the lookup (``sharding.sparse_tied_lookup``). Every check is an assert: a failing
 rank exits non-zero."""
 
 from __future__ import annotations
 
 import torch
 from torch.distributed.fsdp import fully_shard
+from torch.profiler import ProfilerActivity, profile
 
 from muarl.train.distributed import setup
 from muarl.train.sharding import gather_into
@@ -22,6 +24,13 @@ class Toy(torch.nn.Module):
         self.few = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
         self.uneven = torch.nn.Parameter(torch.arange(28, dtype=torch.float32).reshape(7, 4) / 7)
         self.flat = torch.nn.Parameter(torch.arange(9, dtype=torch.float32) - 4)
+
+
+def parents(event):
+    """The profiler event and the ops it ran inside of."""
+    while event is not None:
+        yield event
+        event = event.cpu_parent
 
 
 def whole_buffer(*args, **kwargs):
@@ -80,7 +89,14 @@ if __name__ == "__main__":
                  if hasattr(torch.distributed, name)}
         for name in saved:
             setattr(torch.distributed, name, whole_buffer)
-        lm(input_ids=ids).logits.square().mean().backward()
+        loss = lm(input_ids=ids).logits.square().mean()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss.backward()
+        if tied:  # the lookup's part of the tied gradient is sparse: no second vocabulary-sized tensor in backward
+            size = config.vocab_size * config.hidden_size * 4  # the whole table's bytes
+            dense = [e for e in prof.events() if e.self_cpu_memory_usage >= size and "aten::embedding_dense_backward"
+                     in {p.name for p in parents(e)}]
+            assert not dense, f"the tied lookup's backward allocated a dense table: {[e.name for e in dense]}"
         for name, fn in saved.items():
             setattr(torch.distributed, name, fn)
         grads = dict(plain.named_parameters())
