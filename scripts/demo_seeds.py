@@ -25,7 +25,7 @@ from pathlib import Path
 from muarl.compare import compare_pairs, load_run
 from muarl.evaluate import FAULT_COLUMNS, EvalResult
 
-METRICS = ("pass^1", *FAULT_COLUMNS, "violation_rate")
+METRICS = ("pass^1", *FAULT_COLUMNS, "violation_rate", "truncation_rate")
 
 
 def _faults(run: EvalResult) -> str:
@@ -38,7 +38,7 @@ def _pooled(label: str, pairs: list[tuple[EvalResult, EvalResult]], samples: int
     report = compare_pairs(pairs, METRICS, samples=samples, seed=seed)
     by = {m["metric"]: m for m in report["metrics"]}
     seeds = f"{len(pairs)} seed{'s' if len(pairs) > 1 else ''}"
-    for metric in ("pass^1", "violation_rate"):
+    for metric in ("pass^1", "violation_rate", "truncation_rate"):
         m = by[metric]
         print(f"pooled {label} {metric}: {m['a']:.3f} -> {m['b']:.3f}, change {m['diff']:+.3f}, 95% interval "
               f"[{m['low']:+.3f}, {m['high']:+.3f}] over {m['tasks']} tasks x {seeds} ({m['pairs']} task pairs; "
@@ -61,8 +61,8 @@ def main() -> None:
     sampled: list[tuple[EvalResult, EvalResult]] = []
     greedy: list[tuple[EvalResult, EvalResult]] = []
     print("| seed | cold start pass^1 | after RL pass^1 | change | fault rate policy/user/tool, before -> after | "
-          "greedy (T = 0) pass^1, before -> after | violation rate | minutes |")
-    print("|---|---|---|---|---|---|---|---|")
+          "greedy (T = 0) pass^1, before -> after | violation rate | truncation rate | minutes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for directory in map(Path, args.runs):
         run = directory if args.split == "test" else directory / args.split
         before, after = (load_run(run / name, recompute=True) for name in ("eval-sft", "eval-rl"))
@@ -78,7 +78,7 @@ def main() -> None:
         a, b = before.metrics["pass^1"], after.metrics["pass^1"]
         print(f"| {summary['seed']} | {a:.3f} | {b:.3f} | {b - a:+.3f} | {_faults(before)} -> {_faults(after)} | "
               f"{shown_greedy} | {before.metrics['violation_rate']:.3f} -> {after.metrics['violation_rate']:.3f} | "
-              f"{summary['total_seconds'] / 60:.1f} |")
+              f"{before.metrics['truncation_rate']:.3f} -> {after.metrics['truncation_rate']:.3f} | {summary['total_seconds'] / 60:.1f} |")
     settings = Path(args.runs[0]) / "demo.json"
     recorded = json.loads(settings.read_text()) if settings.exists() else {}
     # GRPO's temperature, which the evaluations sample at (``temperature`` in runs recorded before DemoConfig

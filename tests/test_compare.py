@@ -157,6 +157,9 @@ def test_demo_seeds_pools_seeds_by_task(runs, tmp_path):
     assert "0.000/0.000/0.000 -> 0.000/0.000/0.000" in rows[0]  # the fault rates beside pass^1
     assert rows[0].split(" | ")[5] == f"{pairs[0][0].metrics['pass^1']:.3f} -> {pairs[0][1].metrics['pass^1']:.3f}"
     assert rows[1].split(" | ")[5] == "-"  # no greedy evaluations in that run
+    before, after = (run.metrics["truncation_rate"] for run in pairs[0])  # issue 45: beside pass^1
+    assert rows[0].split(" | ")[7] == f"{before:.3f} -> {after:.3f}"
+    assert "pooled sampled (T = 1) truncation_rate:" in done.stdout
     assert "pooled greedy (T = 0, 1 of 2 seeds) pass^1" in done.stdout
 
 
