@@ -5,8 +5,8 @@ rank (all-gather) and on rank 0 alone; on gloo without its whole-buffer collecti
 an untied model's embeddings and head are units of their own, a tied model's one parameter stays in the
 root; a forward and backward of both run FSDP2's own gathers and gradient scatters point to point, with
 gloo's whole-buffer collectives refused, and sum the ranks' gradients; a tied model's backward allocates no
-dense vocabulary-sized gradient for the lookup (``sharding.sparse_tied_lookup``). Every check is an assert: a failing
-rank exits non-zero."""
+dense vocabulary-sized gradient for the lookup (``sharding.sparse_tied_lookup``). Every check is an assert:
+a failing rank exits non-zero."""
 
 from __future__ import annotations
 

@@ -119,9 +119,9 @@ def sparse_tied_lookup(embeddings: torch.nn.Module) -> None:
 
     A tied weight's gradient has two parts: the output head's, dense and vocabulary-sized, which arrives
     first in backward and waits through the whole of it, and the embedding lookup's, which arrives last. A
-    dense lookup gradient is one more vocabulary-sized tensor (0.58 GiB for Qwen3's 152k x 1,024) summed into
-    the head's at the very moment memory peaks; a sparse one holds only the looked-up rows, and autograd adds
-    it into the head's dense gradient in place, so the parameter's gradient is dense and the same. It
+    dense lookup gradient is one more vocabulary-sized tensor (0.58 GiB for Qwen3's 152k x 1,024) beside the
+    head's and their sum at the very moment memory peaks; a sparse one holds only the looked-up rows, and
+    autograd adds it to the head's dense gradient, so the parameter's gradient is dense and the same. It
     is safe here because every backward of a sharded model goes through the head (the loss is always
     taken through it, :func:`idle_passes` included, and no shared prefix is run apart under ``--fsdp``): a
     lookup's gradient alone would stay sparse, which the reduce-scatter and AdamW refuse. Measured by
