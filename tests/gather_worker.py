@@ -96,6 +96,7 @@ if __name__ == "__main__":
             size = config.vocab_size * config.hidden_size * 4  # the whole table's bytes
             dense = [e for e in prof.events() if e.self_cpu_memory_usage >= size and "aten::embedding_dense_backward"
                      in {p.name for p in parents(e)}]
+            assert any("EmbeddingBackward" in e.name for e in prof.events()), "the profiler saw no lookup backward"
             assert not dense, f"the tied lookup's backward allocated a dense table: {[e.name for e in dense]}"
         for name, fn in saved.items():
             setattr(torch.distributed, name, fn)
