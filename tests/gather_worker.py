@@ -5,7 +5,8 @@ rank (all-gather) and on rank 0 alone; on gloo without its whole-buffer collecti
 an untied model's embeddings and head are units of their own, a tied model's one parameter stays in the
 root; a forward and backward of both run FSDP2's own gathers and gradient scatters point to point, with
 gloo's whole-buffer collectives refused, and sum the ranks' gradients; a tied model's backward allocates no
-dense vocabulary-sized gradient for the lookup (``sharding.sparse_tied_lookup``). Every check is an assert:
+vocabulary-sized gradient beyond the head's (``tied_lookup.lookup_into_head_grad``) and FSDP2's
+reduce-scatter copies its gradient in without a whole temporary (``gloo_comms.copy_in``). Every check is an assert:
 a failing rank exits non-zero."""
 
 from __future__ import annotations
@@ -92,12 +93,14 @@ if __name__ == "__main__":
         loss = lm(input_ids=ids).logits.square().mean()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             loss.backward()
-        if tied:  # the lookup's part of the tied gradient is sparse: no second vocabulary-sized tensor in backward
+        if tied:  # one vocabulary-sized gradient, the head's: the lookup adds into it, the scatter copies no temporary
             size = config.vocab_size * config.hidden_size * 4  # the whole table's bytes
-            dense = [e for e in prof.events() if e.self_cpu_memory_usage >= size and "aten::embedding_dense_backward"
-                     in {p.name for p in parents(e)}]
-            assert any("EmbeddingBackward" in e.name for e in prof.events()), "the profiler saw no lookup backward"
-            assert not dense, f"the tied lookup's backward allocated a dense table: {[e.name for e in dense]}"
+            tables = [[p.name for p in parents(e)] for e in prof.events() if e.self_cpu_memory_usage >= size]
+            in_backward = [names for names in tables if not any("post_backward" in n for n in names)]
+            assert len(tables) > len(in_backward), f"the profiler saw no reduce-scatter of the tied weight: {tables}"
+            assert len(in_backward) == 1, f"the tied weight's backward allocated {len(in_backward)} tables: {in_backward}"
+            temporaries = [names for names in tables if any("chunk_cat" in n for n in names)]
+            assert not temporaries, f"the reduce-scatter's copy-in allocated a whole temporary: {temporaries}"
         for name, fn in saved.items():
             setattr(torch.distributed, name, fn)
         grads = dict(plain.named_parameters())

@@ -33,6 +33,30 @@ def test_rows_follow_fsdp2_cut():
                 assert list(range(start, end)) == expected, (full, world, rank)
 
 
+def test_copy_in_matches_fsdp2s_and_lends_a_whole_gradient_its_storage():
+    """gloo_comms.copy_in lays gradients out as torch's ``_chunk_cat`` does (uneven rows padded with zeros,
+    several gradients, a bfloat16 gradient into a float32 buffer) without its whole temporary; a single
+    gradient already in the buffer's layout is not copied at all, the buffer takes its storage."""
+    import torch
+
+    from muarl.train.gloo_comms import copy_in
+
+    torch.manual_seed(0)
+    for shapes, dtype in (([(7, 4)], torch.float32), ([(2, 3), (7, 4), (9,)], torch.float32),
+                          ([(1, 3), (5,)], torch.float32), ([(8, 5)], torch.bfloat16)):
+        world = 3
+        grads = [torch.randn(*shape).to(dtype) for shape in shapes]
+        numel = sum(-(-shape[0] // world) * world * torch.Size(shape[1:]).numel() for shape in shapes)
+        want, got = torch.full((numel,), 7.0), torch.full((numel,), 7.0)
+        torch._chunk_cat(grads, 0, world, out=want.view(world, -1))
+        copy_in(grads, got, world)
+        assert torch.equal(got, want), (shapes, dtype)
+    whole = torch.randn(6, 4)
+    flat = torch.empty(24)
+    copy_in([whole], flat, 3)
+    assert flat.data_ptr() == whole.data_ptr() and torch.equal(flat, whole.reshape(-1))
+
+
 @pytest.mark.slow
 def test_two_ranks_start_without_a_whole_copy_and_gather_only_where_needed(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),

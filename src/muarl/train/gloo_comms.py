@@ -92,12 +92,41 @@ def exchange_rows(local: torch.Tensor, target: torch.Tensor, spans: list[tuple[i
             target[s:e].copy_(piece)
 
 
+def copy_in(grads: list[torch.Tensor], flat: torch.Tensor, world: int) -> None:
+    """FSDP2's reduce-scatter copy-in (``torch._chunk_cat``: each gradient's dim-0 chunk ``r``, zero-padded to
+    equal rows, in rank ``r``'s part of ``flat``) without a whole temporary. The CPU build of ``_chunk_cat``
+    pads every gradient into a zeroed buffer of ``flat``'s size and then copies it in: a third
+    vocabulary-sized tensor beside the gradient and ``flat`` when a tied weight's gradient is scattered.
+    Here each chunk is copied into its place. A unit whose one gradient already has ``flat``'s layout (one
+    contiguous tensor, its rows divided evenly, the reduce dtype) lends ``flat`` its storage instead: FSDP2
+    frees the gradient after the copy-in anyway, and ``flat``, just allocated and never written, holds no
+    resident page."""
+    if len(grads) == 1 and grads[0].is_contiguous() and grads[0].dtype == flat.dtype \
+            and grads[0].numel() == flat.numel() and grads[0].device == flat.device:
+        flat.set_(grads[0].reshape(-1))
+        return
+    rows, column = flat.view(world, -1), 0
+    for grad in grads:
+        per = -(-grad.shape[0] // world)  # each rank's rows, the last ranks' padded with zeros
+        width = per * torch.Size(grad.shape[1:]).numel()
+        for rank in range(world):
+            piece = grad[rank * per:(rank + 1) * per].reshape(-1)
+            rows[rank, column:column + piece.numel()].copy_(piece)
+            rows[rank, column + piece.numel():column + width].zero_()
+        column += width
+
+
 def install(lm: Any, group: Any) -> bool:
-    """Give every FSDP unit of ``lm`` the point-to-point collectives when ``group`` is gloo's; whether it did."""
+    """Give every FSDP unit of ``lm`` the point-to-point collectives when ``group`` is gloo's, and FSDP2 the
+    reduce-scatter copy-in without a whole temporary (:func:`copy_in`; FSDP2 has no public hook for it, so it
+    replaces the module function FSDP2 calls, where that exists); whether it did."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
     if dist.get_backend(group) != "gloo":
         return False
+    if hasattr(_fsdp_collectives, "foreach_reduce_scatter_copy_in"):
+        _fsdp_collectives.foreach_reduce_scatter_copy_in = copy_in
     gather, scatter = PointToPointAllGather(), PointToPointReduceScatter()
     for module in lm.modules():
         if isinstance(module, FSDPModule):

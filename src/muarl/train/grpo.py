@@ -35,7 +35,7 @@ from muarl.train.distributed import setup
 from muarl.train.groups import rollout_metrics, write_rollouts
 from muarl.train.grpo_config import GRPOConfig, resolved
 from muarl.train.grpo_update import update_on_rollouts
-from muarl.train.memory import peak_memory
+from muarl.train.memory import peak_memory, unmap_large_frees
 from muarl.train.orchestrator import check_rollouts, open_rollouts, sync_bytes
 from muarl.train.run import open_run
 from muarl.train.sharded_init import load_sharded
@@ -67,6 +67,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     # a sharded run starts from --model (built on meta, each rank reading its own shards) and loads its
     # checkpoint's shards below
     if config.fsdp:
+        unmap_large_frees()  # layer-sized frees of a sharded run return their pages
         model, reference, tokenizer = load_sharded(config, dist, want_reference=True)
     else:
         model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)

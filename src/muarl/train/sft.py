@@ -24,7 +24,7 @@ from muarl.train import RunSettings, autocast, from_preset, make_optimizer
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
-from muarl.train.memory import peak_memory
+from muarl.train.memory import peak_memory, unmap_large_frees
 from muarl.train.packing import collate, plan_rows, token_loss
 from muarl.train.run import data_digests, open_run
 from muarl.train.sharded_init import load_sharded
@@ -189,6 +189,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     run = open_run(config, dist, {"data": data_digests(config.data)})
     # a sharded run starts from --model and loads its checkpoint's shards below
     if config.fsdp:  # built on meta, each rank reading its own shards; a resumed run loads its shards below
+        unmap_large_frees()  # layer-sized frees of a sharded run return their pages
         model, _, tokenizer = load_sharded(config, dist)
     else:
         model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)

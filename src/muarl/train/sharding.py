@@ -41,6 +41,7 @@ import torch
 from muarl.train import gloo_comms
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.distributed import Dist
+from muarl.train.tied_lookup import lookup_into_head_grad
 
 #: the directory of a checkpoint that holds the ranks' shards (torch.distributed.checkpoint's format)
 SHARDS = "shards"
@@ -102,7 +103,7 @@ def shard(model: Any, dist: Dist, bf16: bool = False, offload: bool = False) -> 
         fully_shard(embeddings, **options)
         fully_shard(head, **options)
     elif head is not None:
-        sparse_tied_lookup(embeddings)
+        lookup_into_head_grad(embeddings)  # one vocabulary-sized gradient in backward, not three
     lm.muarl_decoder = types.MethodType(_decoder_forward, lm)
     fully_shard(lm, **options)
     register_fsdp_forward_method(lm, "muarl_decoder")
@@ -112,22 +113,6 @@ def shard(model: Any, dist: Dist, bf16: bool = False, offload: bool = False) -> 
             module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-multiplied one
     gloo_comms.install(lm, mesh.get_group())  # gloo's own collectives hold a whole buffer more per unit
     return model
-
-
-def sparse_tied_lookup(embeddings: torch.nn.Module) -> None:
-    """A sharded model's trained tied embedding looks its tokens up with ``sparse=True``.
-
-    A tied weight's gradient has two parts: the output head's, dense and vocabulary-sized, which arrives
-    first in backward and waits through the whole of it, and the embedding lookup's, which arrives last. A
-    dense lookup gradient is one more vocabulary-sized tensor (0.58 GiB for Qwen3's 152k x 1,024) beside the
-    head's and their sum at the very moment memory peaks; a sparse one holds only the looked-up rows, and
-    autograd adds it to the head's dense gradient, so the parameter's gradient is dense and the same. It
-    is safe here because every backward of a sharded model goes through the head (the loss is always
-    taken through it, :func:`idle_passes` included, and no shared prefix is run apart under ``--fsdp``): a
-    lookup's gradient alone would stay sparse, which the reduce-scatter and AdamW refuse. Measured by
-    ``benchmarks/fsdp_startup_memory.py`` (docs/research/benchmarks.md)."""
-    if embeddings.weight.requires_grad:
-        embeddings.sparse = True
 
 
 def pass_count(model: Any, mine: int, dist: Dist) -> int:
