@@ -137,6 +137,29 @@ def test_batched_generation_equals_one_at_a_time():
     assert [t.token_ids for t in batched] == [t.token_ids for t in alone]
 
 
+def test_new_requests_without_a_shared_prefix_are_prefilled_together():
+    """A server's requests (nothing cached, no shared prefix), of different lengths, are prefilled in one
+    batched pass where attention gives a query that sees no key zeros (PyTorch 2.5 and later: the left
+    padding of a new row sees nothing), and each still gets, greedy, exactly what it gets alone."""
+    from muarl.attention import unattended_is_zero
+    from muarl.policies.batched_generator import BatchedGenerator, TokenSequence
+
+    model = HFPolicy("tiny-random", temperature=0.0, max_new_tokens=12, seed=0).model
+    assert unattended_is_zero(torch.device("cpu"), next(model.parameters()).dtype)
+    prompts = [[(7 * n + 3 * i) % 200 + 5 for i in range(6 + 5 * n)] for n in range(6)]  # 6 to 31 tokens
+
+    async def generate(batch: list[list[int]]) -> tuple[list[list[int]], int]:
+        engine = BatchedGenerator(model, set(), 0.0, 1.0, max_batch=8)
+        replies = await asyncio.gather(*[engine.generate(TokenSequence(generator=torch.Generator().manual_seed(0)),
+                                                         ids, 12) for ids in batch])
+        return [tokens for tokens, _, _ in replies], engine.prefill_passes
+
+    together, passes = asyncio.run(generate(prompts))
+    alone = [asyncio.run(generate([ids]))[0][0] for ids in prompts]
+    assert passes < len(prompts), passes
+    assert together == alone and len({tuple(t) for t in alone}) > 1
+
+
 def test_rows_joining_free_slots_sample_as_one_at_a_time():
     """Turns that end at different times free slots that later turns join into: what each episode
     samples (from its own generator) is still what it samples alone."""

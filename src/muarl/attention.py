@@ -23,6 +23,7 @@ They sit in one module so their differences read side by side; the code is what 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,25 @@ def use_kernel(lm: Any, name: str) -> str:
     before = lm.config._attn_implementation
     lm.set_attn_implementation(name)
     return before
+
+
+@functools.cache
+def unattended_is_zero(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether SDPA on ``device`` in ``dtype`` gives a query that may attend to no key a zero output, with a
+    boolean mask and with an additive one (PyTorch 2.5 and later), rather than NaN. Where it does, a batch of
+    rows padded on the left (a padding token sees nothing) computes exactly what each row computes alone;
+    where not, the NaN would reach every row through the padding's keys."""
+    query, key, value = (torch.ones(1, 1, 2, 8, device=device, dtype=dtype) for _ in range(3))
+    keep = torch.tensor([[False, False], [True, True]], device=device).view(1, 1, 2, 2)
+    bias = torch.zeros(keep.shape, device=device, dtype=dtype).masked_fill(~keep, float("-inf"))
+    for mask in (keep, bias):
+        try:
+            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        except RuntimeError:
+            return False
+        if not bool(torch.isfinite(out).all()) or bool(out[0, 0, 0].abs().sum() != 0):
+            return False
+    return True
 
 
 # -- the rollout engine: cascade attention over a shared prefix ----------------------------------------------

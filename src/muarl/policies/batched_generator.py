@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from muarl.attention import KV, SHARED_PREFIX, SharedPrefix, use_kernel
+from muarl.attention import KV, SHARED_PREFIX, SharedPrefix, unattended_is_zero, use_kernel
 
 
 def _buffered_cache(model: Any, kv: KV | None, room: int, length: int | None = None) -> Any:
@@ -173,6 +173,10 @@ class BatchedGenerator:
         self.lock = threading.Lock()
         self.cache_keyword = cache_keyword(model)
         use_kernel(model, SHARED_PREFIX)
+        #: whether requests with nothing cached (a server's, without a shared prefix) are prefilled together:
+        #: their left padding attends to no key, which must give zeros, not NaN (:func:`unattended_is_zero`);
+        #: else each is prefilled alone (32 passes instead of 1 for 32 new requests)
+        self.fresh_rows_together = unattended_is_zero(self.device, next(model.parameters()).dtype)
 
     @property
     def batch(self) -> KV | None:
@@ -245,7 +249,8 @@ class BatchedGenerator:
         pending.sort(key=lambda item: len(item[1]))
         bucket: list[tuple[_Request, list[int]]] = []
         for item in pending:
-            alone = item[0].seq.cache is None and not item[0].seq.shared  # holes need a real key before them
+            # a fresh row's left padding sees no key at all: batched only where attention gives such a query zeros
+            alone = item[0].seq.cache is None and not item[0].seq.shared and not self.fresh_rows_together
             if bucket and (alone or len(item[1]) > 1.5 * len(bucket[0][1]) + 16):
                 self._prefill(bucket)
                 bucket = []
