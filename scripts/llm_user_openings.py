@@ -1,0 +1,74 @@
+"""Does the embedded LLM user (SmolLM2-135M-Instruct) open the conversation as the customer?
+
+The first message of each of the first N dev tasks of a domain, greedy, under muarl's LLM-user prompt
+(``muarl.users.llm.SYSTEM_PROMPT``) and under a short one, generated together by muarl's engine in process.
+An opening counts as the customer's when it names the matter (order, cancel, refund, ...) and does not speak
+as the agent ("customer service agent", "how can I help", ...). docs/research/llm-user-pilot.md.
+
+    python scripts/llm_user_openings.py --tasks 20      # about a minute on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from muarl.domain import get_domain
+from muarl.models import load
+from muarl.policies.batched_generator import BatchedGenerator, TokenSequence
+from muarl.serve import Generator, GenRequest
+from muarl.users.llm import AGENT_GREETING, STOP, SYSTEM_PROMPT
+
+SHORT = ("You are a customer chatting with an online shop's support agent. {instruction} "
+         "Write only your next chat message as this customer, in one or two sentences.")
+MATTER = re.compile(r"\b(order|cancel|return|exchange|refund|item|address|payment|email|account|ship|deliver|"
+                    r"bought|purchase)", re.I)
+AS_AGENT = re.compile(r"(customer[- ]service agent|how can i (help|assist)|i'?m here to help|support agent|how may i)",
+                      re.I)
+
+
+def prompts() -> dict[str, Callable[[Any], list[dict[str, str]]]]:
+    def muarl_prompt(task: Any) -> list[dict[str, str]]:
+        system = SYSTEM_PROMPT.format(instruction=task.instruction.strip(), stop=STOP, tools_rule="")
+        return [{"role": "system", "content": system}, {"role": "user", "content": AGENT_GREETING}]
+
+    def short_prompt(task: Any) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SHORT.format(instruction=task.instruction.strip())},
+                {"role": "user", "content": AGENT_GREETING}]
+
+    return {"muarl's prompt": muarl_prompt, "short prompt": short_prompt}
+
+
+async def openings(generator: Generator, messages: list[list[dict[str, str]]], max_tokens: int) -> list[str]:
+    engine = BatchedGenerator(generator.model, generator.eos, 0.0, 1.0, 32)
+    ids = [generator.prompt_ids(GenRequest(messages=m, temperature=0.0, max_tokens=max_tokens)) for m in messages]
+    replies = await asyncio.gather(*[engine.generate(TokenSequence(generator=torch.Generator().manual_seed(0)),
+                                                     prompt, max_tokens) for prompt in ids])
+    return [generator.tokenizer.decode(tokens, skip_special_tokens=True).strip() for tokens, _, _ in replies]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--domain", default="retail-lite-forgetful")
+    parser.add_argument("--tasks", type=int, default=20, help="the first N dev tasks")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    tasks = get_domain(args.domain).tasks("dev")[:args.tasks]
+    model, tokenizer = load("smollm2", device="cpu")
+    generator = Generator(model, tokenizer, "smollm2")
+    for name, make in prompts().items():
+        said = asyncio.run(openings(generator, [make(t) for t in tasks], args.max_tokens))
+        customer = sum(bool(MATTER.search(s)) and not AS_AGENT.search(s) for s in said)
+        agent = sum(bool(AS_AGENT.search(s)) for s in said)
+        print(f"{name}: {customer} of {len(said)} openings as the customer, {agent} speak as the agent")
+        for text in said[:3]:
+            print("   -", text[:150].replace("\n", " "))
+
+
+if __name__ == "__main__":
+    main()
