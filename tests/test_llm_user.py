@@ -506,7 +506,7 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
 # -- what the LLM user got wrong, in the numbers (issue 42, item 2) ----------------------------------------------
 def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_compared(
         fault: FaultServer, tmp_path: Path) -> None:
-    """Four conversations with an LLM user whose endpoint says exactly what each slip is: an invented order
+    """Five conversations with an LLM user whose endpoint says exactly what each slip is: an invented order
     id then a stop right after the agent's proposal; the goal in tool terms; the agent's question for the
     e-mail answered by repeating the opening (withheld and ignored at once); and one clean conversation.
     Each is counted in the evaluation's metrics and per task (so ``muarl compare`` pairs it), written in
@@ -531,6 +531,8 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
         "withholds, ignores": (
             ["I want to return something.", "I want to return something.", f"Bye. {STOP}"],
             [ask, "I am sorry, I need your email first. Goodbye."], {"withheld_fact": [3], "ignored_reply": [3]}),
+        "speaks as the agent": (["Hello! I'm a customer service agent. How can I help you today?", f"Thanks. {STOP}"],
+                                ["I am the agent here. Goodbye."], {"as_agent": [1]}),
         "clean": ([f"Hi, I want to return the keyboard from order {order}.", f"Sure, it is {email}. {STOP}"],
                   [ask], {}),
     }
@@ -543,13 +545,13 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
         assert {k: v for k, v in traj.metadata["user_slips"].items() if v} == want, (name, traj.messages)
         groups.append([traj])
     metrics, rows, families = summarize(groups, {}, 1)
-    assert metrics["user_slip_rate"] == 0.75
+    assert metrics["user_slip_rate"] == 0.8
     for kind in SLIPS:
-        assert metrics[f"user_{kind}_rate"] == 0.25, kind
+        assert metrics[f"user_{kind}_rate"] == 0.2, kind
     result = EvalResult({"domain": domain.name, "split": "test", "k": 1}, metrics, rows, groups, families)
     result.write(tmp_path / "slips")
     written = json.loads((tmp_path / "slips" / "results.json").read_text())
-    assert written["metrics"]["user_premature_stop_rate"] == 0.25
+    assert written["metrics"]["user_premature_stop_rate"] == 0.2
     assert "## The simulated user's slips" in (tmp_path / "slips" / "results.md").read_text()
     marked = [e for e in lanes(groups[2][0]) if e.get("slips")]
     assert [(e["text"], e["slips"]) for e in marked] == [("I want to return something.",
@@ -558,4 +560,4 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
     clean = EvalResult(result.config, {**metrics, "user_slip_rate": 0.0}, clean_rows, groups, families)
     report = compare_runs(clean, result)
     slip = next(m for m in report["metrics"] if m["metric"] == "user_slip_rate")
-    assert (slip["a"], slip["b"], slip["diff"]) == (0.0, 0.75, 0.75)
+    assert (slip["a"], slip["b"], slip["diff"]) == (0.0, 0.8, 0.8)

@@ -18,6 +18,9 @@ a person can judge. Any user is checked, the scripted one too (it should score n
   the facts asked for.
 - ``ignored_reply``: a user message repeats the user's previous one word for word although the agent had
   since asked or proposed something new, as if the agent had said nothing.
+- ``as_agent``: a user message speaks as the agent: offers help ("how can I help you?", "I'm here to
+  help") or calls itself the agent or an assistant. SmolLM2-135M opens this way on 20 of 20 dev tasks
+  (docs/research/llm-user-pilot.md).
 """
 
 from __future__ import annotations
@@ -46,7 +49,13 @@ SLIPS: dict[str, str] = {
     "tool_terms": "named a tool or a tool argument",
     "withheld_fact": "gave none of the facts the agent asked for that it knows",
     "ignored_reply": "repeated its previous message word for word after a new question or proposal",
+    "as_agent": "spoke as the agent: offered help or called itself the agent or an assistant",
 }
+#: a user message in the agent's voice: it offers help, or says it is the agent (a customer asking *for* an
+#: agent, "can I talk to a support agent?", is not matched: only "I am / as a ... agent")
+AS_AGENT = re.compile(r"\bhow (can|may|could) i (help|assist)\b|\bi('m| am) here to (help|assist)\b|"
+                      r"\bwhat can i do for you\b|\b(as|i'm|i am) (a|an|the|your) (customer[- ]?(service|support) |"
+                      r"support |virtual )?(agent|representative|assistant|chatbot)\b")
 #: the stop reason of a conversation the user ended itself (``###STOP###``)
 USER_STOP = "user_stop"
 #: what is stripped from either end of a word before it is read as an identifier (``(#W123).`` -> ``#W123``)
@@ -135,6 +144,8 @@ def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms:
             slips["invented_fact"].append(n)
         if terms and any(w in terms for w in _IDENT.findall(text.lower())):
             slips["tool_terms"].append(n)
+        if AS_AGENT.search(norm(text)):
+            slips["as_agent"].append(n)
         if asked and not any(_gives(norm(text), v) for v in asked.values()):
             slips["withheld_fact"].append(n)
         if before is not None and norm(text) == norm(before[0]) and norm(agent or "") != norm(before[1]) and \
