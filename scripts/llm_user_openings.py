@@ -3,7 +3,7 @@
 The first message of each of the first N dev tasks of a domain, greedy, under muarl's LLM-user prompt
 (``muarl.users.llm.SYSTEM_PROMPT``) and under a short one, generated together by muarl's engine in process.
 An opening counts as the customer's when it names the matter (order, cancel, refund, ...) and does not speak
-as the agent ("customer service agent", "how can I help", ...). docs/research/llm-user-pilot.md.
+as the agent (the user slip ``as_agent``'s check, ``muarl.users.slips.AS_AGENT``). docs/research/llm-user-pilot.md.
 
     python scripts/llm_user_openings.py --tasks 20      # about a minute on 2 cores
 """
@@ -23,13 +23,13 @@ from muarl.models import load
 from muarl.policies.batched_generator import BatchedGenerator, TokenSequence
 from muarl.serve import Generator, GenRequest
 from muarl.users.llm import AGENT_GREETING, STOP, SYSTEM_PROMPT
+from muarl.users.phrases import norm
+from muarl.users.slips import AS_AGENT
 
 SHORT = ("You are a customer chatting with an online shop's support agent. {instruction} "
          "Write only your next chat message as this customer, in one or two sentences.")
 MATTER = re.compile(r"\b(order|cancel|return|exchange|refund|item|address|payment|email|account|ship|deliver|"
-                    r"bought|purchase)", re.I)
-AS_AGENT = re.compile(r"(customer[- ]service agent|how can i (help|assist)|i'?m here to help|support agent|how may i)",
-                      re.I)
+                    r"bought|purchase)")
 
 
 def prompts() -> dict[str, Callable[[Any], list[dict[str, str]]]]:
@@ -63,8 +63,9 @@ def main() -> None:
     generator = Generator(model, tokenizer, "smollm2")
     for name, make in prompts().items():
         said = asyncio.run(openings(generator, [make(t) for t in tasks], args.max_tokens))
-        customer = sum(bool(MATTER.search(s)) and not AS_AGENT.search(s) for s in said)
-        agent = sum(bool(AS_AGENT.search(s)) for s in said)
+        agent = [bool(AS_AGENT.search(norm(s))) for s in said]  # the user slip ``as_agent``'s own check
+        customer = sum(bool(MATTER.search(norm(s))) and not a for s, a in zip(said, agent, strict=True))
+        agent = sum(agent)
         print(f"{name}: {customer} of {len(said)} openings as the customer, {agent} speak as the agent")
         for text in said[:3]:
             print("   -", text[:150].replace("\n", " "))

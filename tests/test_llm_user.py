@@ -508,8 +508,8 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
         fault: FaultServer, tmp_path: Path) -> None:
     """Five conversations with an LLM user whose endpoint says exactly what each slip is: an invented order
     id then a stop right after the agent's proposal; the goal in tool terms; the agent's question for the
-    e-mail answered by repeating the opening (withheld and ignored at once); and one clean conversation.
-    Each is counted in the evaluation's metrics and per task (so ``muarl compare`` pairs it), written in
+    e-mail answered by repeating the opening (withheld and ignored at once); an opening in the agent's voice;
+    and one clean conversation. Each is counted in the evaluation's metrics and per task (so ``muarl compare`` pairs it), written in
     results.md, and marked on its turn in the viewer's data; the clean one has no slip."""
     from muarl.compare import compare_runs
     from muarl.evaluate import EvalResult, summarize

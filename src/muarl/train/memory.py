@@ -50,10 +50,7 @@ def give_back_freed() -> None:
     the heap, and freeing them leaves the pages resident: a rollout copy given back before the update
     still counted in the process's memory (0.5 GiB of an 8-layer copy on each of 4 ranks) until this is
     called. On a GPU the copy lives in torch's caching allocator, which reuses it without this."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        ctypes.CDLL(None).malloc_trim(0)
+    _glibc("malloc_trim", 0)
 
 
 def unmap_large_frees() -> None:
@@ -66,7 +63,13 @@ def unmap_large_frees() -> None:
     run, allocated and freed layer after layer, come from the heap instead, and the freed pages stay resident
     beneath what is still in use: 0.7 GiB on each of 4 ranks at the update's backward (8 layers of Qwen3-0.6B's
     widths, ``benchmarks/memory_phases.py``). A fixed threshold keeps them apart."""
-    if sys.platform != "linux" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        _glibc("mallopt", _M_MMAP_THRESHOLD, OWN_PAGES_FROM)
+
+
+def _glibc(name: str, *args: int) -> None:
+    """Call glibc's allocator function ``name``; nothing off Linux or on another C library (musl has neither)."""
+    if sys.platform != "linux":
         return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, OWN_PAGES_FROM)
+    with contextlib.suppress(OSError, AttributeError):
+        getattr(ctypes.CDLL(None), name)(*args)
