@@ -7,7 +7,8 @@ checkpoints served by vLLM, an adapter served on its base, token in / token out;
 vLLM: ``scripts/install_vllm.sh``) | ``vllm-server:URL#MODEL`` (the same, from a running vLLM server;
 needs no vLLM here) | ``openai:URL#MODEL`` | ``module:attr`` (a :class:`Policy` of one's own, or a
 zero-argument factory of one). Users: ``scripted`` | ``static`` (the task stated whole in one opening, then
-only yes to the wanted action: the ablation's user without a dialogue) | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |
+only yes to the wanted action: the ablation's user without a dialogue) | ``llm`` (SmolLM2) or ``llm:MODEL_DIR`` (a
+local checkpoint), each served for the run by :mod:`muarl.users.embedded` | ``llm:URL#MODEL`` | ``replay:FILE.jsonl`` |
 ``module:attr`` (a :class:`UserSimulator`, or a factory). A known prefix wins over ``module:attr``
 (``openai:http://...`` holds colons). An API key for an endpoint comes from ``$OPENAI_API_KEY`` (default
 "EMPTY" for local servers).
@@ -27,7 +28,7 @@ from muarl.users.base import UserSimulator
 POLICY_FORMS = ("expert | expert-noconfirm | noop | hf:PATH | vllm:PATH | vllm-server:URL#MODEL | openai:URL#MODEL"
                 " | module:attr")
 #: the accepted --user forms
-USER_FORMS = "scripted | static | llm (SmolLM2, served for the run) | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
+USER_FORMS = "scripted | static | llm (SmolLM2, served for the run) | llm:MODEL_DIR (the same) | llm:URL#MODEL | replay:FILE.jsonl | module:attr"
 
 
 class SpecError(ValueError):
@@ -108,17 +109,19 @@ def make_user(spec: str, http_timeout: float | None = None, max_tokens: int | No
         from muarl.users.static import StaticUser
 
         return StaticUser()
-    if spec == "llm":  # the embedded server a muarl command started for its run (muarl.users.embedded)
-        from muarl.users.embedded import MAX_TOKENS, resolve
+    http: dict[str, Any] = {}
+    from muarl.users import embedded
 
-        spec, max_tokens = resolve(spec), max_tokens or MAX_TOKENS
+    if embedded.served_model(spec) is not None:  # a server a muarl command started for its run: waited on, not retried
+        spec, max_tokens = embedded.resolve(spec), max_tokens or embedded.MAX_TOKENS
+        http = {"timeout": embedded.HTTP_TIMEOUT_S, "max_retries": 0}
     if spec.startswith("llm:"):
         from muarl.users.llm import LLMUser
 
         url, model = split_endpoint(spec, "user")
-        timeout = {"timeout": http_timeout} if http_timeout is not None else {}
-        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_tokens=max_tokens,
-                       **timeout)
+        if http_timeout is not None:
+            http["timeout"] = http_timeout
+        return LLMUser(url, model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_tokens=max_tokens, **http)
     if spec.startswith("replay:"):
         from muarl.rollout import load_trajectories
         from muarl.users.replay import ReplayUser

@@ -290,6 +290,7 @@ def synthesize(
     config: EpisodeConfig | None = None,
     min_kept: float = MIN_KEPT,
     specs: Mapping[str, str] | None = None,
+    side: str = "agent",
 ) -> SynthReport:
     """Play every selected task ``n`` times per domain and write ``out/sft.jsonl`` and ``out/report.json``.
 
@@ -301,9 +302,19 @@ def synthesize(
     and report.json and the raw trajectories stay for a look (``muarl view OUT``). report.json records what
     produced the data (its ``provenance``; ``specs`` gives the teacher's and user's command-line specs,
     keys ``policy`` and ``user``), so an SFT model can be traced to the teacher and data it learned from.
+    ``side="user"`` writes the same wins from the user's chair (:mod:`muarl.users.user_side`): data to
+    fine-tune an LLM to play the customer.
     """
     if not 0 <= min_kept <= 1:
         raise ValueError(f"--min-kept must be between 0 and 1 (got {min_kept:g})")
+    if side not in ("agent", "user"):
+        raise ValueError(f"--side must be agent or user, not {side!r}")
+    from muarl.users.user_side import check_domain, to_user_record
+
+    to_record = to_user_record if side == "user" else to_chat_record
+    if side == "user":
+        for domain in domains:
+            check_domain(domain)
     out.mkdir(parents=True, exist_ok=True)
     (out / "trajectories").mkdir(exist_ok=True)
     given = dict(specs or {})
@@ -329,7 +340,7 @@ def synthesize(
                     continue
                 report.kept[key] += 1
                 report.kept_behaviours.update(user_behaviours(task))
-                lines.append(json.dumps(to_chat_record(domain, task, traj), ensure_ascii=False))
+                lines.append(json.dumps(to_record(domain, task, traj), ensure_ascii=False))
     report.refused = refusal(report, min_kept)
     (out / "report.json").write_text(json.dumps(report.as_dict(), indent=1) + "\n")
     data = out / "sft.jsonl"

@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="expert teacher: chance that it mistypes its identity lookup (then asks again), and again "
                         "that it mistypes a proposal (then proposes again); the wrong message is kept with "
                         "\"weight\": 0, as context without loss (default 0; docs/base_model.md)")
+    p.add_argument("--side", choices=("agent", "user"), default="agent",
+                   help="whose lines the data set teaches: the agent's (the cold start), or the user's, to fine-tune "
+                        "an LLM to play the customer (muarl.users.user_side; then `muarl sft` on it and "
+                        "--user llm:MODEL_DIR; default agent)")
     options.concurrency(p)
     p.add_argument("--temperature", type=float, default=0.0, help="the teacher's sampling temperature (default 0)")
     options.seed(p)
@@ -68,11 +72,12 @@ def run(args: argparse.Namespace) -> int:
     (out / "config.json").write_text(json.dumps({"command": "synth", "domains": names, "teacher": args.teacher,
                                                  "user": args.user, "split": args.split, "n": args.n,
                                                  "seed": args.seed, "min_kept": args.min_kept,
-                                                 "slip_rate": args.slip_rate}, indent=1) + "\n")
+                                                 "slip_rate": args.slip_rate, "side": args.side}, indent=1) + "\n")
     report = synthesize(domains, teacher, user, out, split=args.split, n=args.n, families=args.families,
                         exclude=args.exclude_families, behaviours=args.behaviours,
                         exclude_behaviours=args.exclude_behaviours, seed=args.seed, concurrency=args.concurrency,
-                        config=config, min_kept=args.min_kept, specs={"policy": args.teacher, "user": args.user})
+                        config=config, min_kept=args.min_kept, specs={"policy": args.teacher, "user": args.user},
+                        side=args.side)
     table = Table(title=f"cold-start synthesis: {args.teacher} x {args.user} on {args.split}")
     for col in ("domain/family", "played", "kept"):
         table.add_column(col)

@@ -48,9 +48,10 @@ def check_user_beside_policy(config: Any) -> None:
     be the base model there (adapter off: a frozen user on the policy's GPU), but not the adapter."""
     from muarl.factory import split_endpoint
     from muarl.policies.vllm import LORA_NAME
+    from muarl.users.embedded import served_model
 
-    if not (config.rollout_engine.startswith(SERVER) and config.user.startswith("llm:")):
-        return
+    if not (config.rollout_engine.startswith(SERVER) and config.user.startswith("llm:")) or served_model(config.user):
+        return  # an embedded user (llm:MODEL_DIR) has its own server
     user_url, user_model = split_endpoint(config.user, "user")
     if all(_server_address(url) != _server_address(user_url) for url, _ in server_endpoints(config.rollout_engine)):
         return

