@@ -6,6 +6,7 @@ An opening counts as the customer's when it names the matter (order, cancel, ref
 as the agent (the user slip ``as_agent``'s check, ``muarl.users.slips.AS_AGENT``). docs/research/llm-user-pilot.md.
 
     python scripts/llm_user_openings.py --tasks 20      # about a minute on 2 cores
+    python scripts/llm_user_openings.py --model runs/user-sft/model   # a user model of one's own
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ def main() -> None:
     parser.add_argument("--domain", default="retail-lite-forgetful")
     parser.add_argument("--tasks", type=int, default=20, help="the first N dev tasks")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--model", default="smollm2", help="the user model: smollm2 or a checkpoint directory "
+                        "(say, `muarl synth --side user` then `muarl sft`)")
     args = parser.parse_args()
     tasks = get_domain(args.domain).tasks("dev")[:args.tasks]
-    model, tokenizer = load("smollm2", device="cpu")
-    generator = Generator(model, tokenizer, "smollm2")
+    model, tokenizer = load(args.model, device="cpu")
+    generator = Generator(model, tokenizer, "user")
     for name, make in prompts().items():
         said = asyncio.run(openings(generator, [make(t) for t in tasks], args.max_tokens))
         agent = [bool(AS_AGENT.search(norm(s))) for s in said]  # the user slip ``as_agent``'s own check

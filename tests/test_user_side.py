@@ -104,14 +104,12 @@ def test_an_embedded_user_waits_on_its_server_instead_of_retrying(monkeypatch: p
 
 @pytest.mark.slow
 def test_user_llm_model_dir_serves_that_checkpoint_for_the_run(tmp_path: Path) -> None:
-    """``--user llm:MODEL_DIR`` serves a local checkpoint for the run (here SmolLM2's own directory, a copy
-    under the run's working directory, named relatively): its log in the run directory, the spec recorded as
+    """``--user llm:MODEL_DIR`` serves a local checkpoint for the run (here SmolLM2's own directory, linked
+    into the run's working directory and named relatively): its log in the run directory, the spec recorded as
     given, the server gone at the end. A directory that is not a model is refused in one line."""
-    import shutil
-
     from muarl.models import smollm2_path
 
-    shutil.copytree(smollm2_path(), tmp_path / "my-user")
+    (tmp_path / "my-user").symlink_to(smollm2_path(), target_is_directory=True)
 
     def run(user: str, out: str) -> subprocess.CompletedProcess:
         return subprocess.run(["muarl", "eval", "--domain", DOMAIN, "--policy", "expert", "--user", user, "--k", "1",

@@ -36,5 +36,6 @@ def run(args: argparse.Namespace) -> int:
     result = train_sft(sft_config(args), progress=not args.no_progress)
     Console(quiet=not options.main_process()).print(
         f"SFT: {result['steps']} steps, loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}; checkpoint "
-        f"{result['checkpoint']} (use it as --policy hf:{result['checkpoint']})")
+        f"{result['checkpoint']} (use it as {'--user llm:' if result['side'] == 'user' else '--policy hf:'}"
+        f"{result['checkpoint']})")
     return 0

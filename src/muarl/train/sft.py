@@ -243,7 +243,8 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
         trackers.close()
     checkpoint, model = save_result(run.out, model, tokenizer, config, dist)
     return {"steps": len(history), "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
-            "checkpoint": str(checkpoint), "metrics": history, "model": model}
+            "checkpoint": str(checkpoint), "metrics": history, "model": model,
+            "side": "user" if all(r.record.get("side") == "user" for r in records) else "agent"}
 
 
 class _bar:
