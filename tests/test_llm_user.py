@@ -441,6 +441,40 @@ def test_concurrent_requests_are_generated_together_with_the_replies_they_get_al
 
 
 @pytest.mark.slow
+def test_a_conversations_next_turn_prefills_only_what_it_adds() -> None:
+    """The server keeps a finished request's KV cache (muarl.prefix_store): a conversation's second turn (its
+    first request, the reply it got, and one more message, re-rendered whole by the client as an LLM user
+    does) prefills only the tokens after the shared prefix, and gets the greedy reply a server without the
+    store gives. A budget of 0 keeps nothing."""
+    from muarl.models import load
+    from muarl.serve import BatchedServing, Generator, GenRequest
+
+    model, tokenizer = load("smollm2", device="cpu")
+    generator = Generator(model, tokenizer, "smollm2")
+    first = [{"role": "system", "content": "You are a customer. You want to cancel order #W123 because it is no "
+                                           "longer needed; you are Ana Lee, zip 92130."},
+             {"role": "user", "content": "Hi! How can I help you today?"}]
+
+    async def conversation(server: BatchedServing) -> tuple[list[str], list[int]]:
+        said, computed, history = [], [], list(first)
+        for agent in ("Could you tell me your name and zip code?", "I can cancel #W123. Shall I go ahead?"):
+            engine = server.engine(GenRequest(messages=history, temperature=0.0))
+            before = engine.tokens_computed
+            reply = await server.complete(GenRequest(messages=history, temperature=0.0, max_tokens=24))
+            computed.append(engine.tokens_computed - before - reply["usage"]["completion_tokens"])
+            said.append(reply["choices"][0]["message"]["content"])
+            history += [{"role": "assistant", "content": said[-1]}, {"role": "user", "content": agent}]
+        return said, computed
+
+    kept, cold = BatchedServing(generator), BatchedServing(generator, prefix_cache_mib=0)
+    said, computed = asyncio.run(conversation(kept))
+    said_cold, computed_cold = asyncio.run(conversation(cold))
+    assert said == said_cold and len(set(said)) == 2, (said, said_cold)
+    assert kept.store.reused_tokens > 40 and cold.store.reused_tokens == 0 and not cold.store.items
+    assert computed[0] == computed_cold[0] and computed[1] < computed_cold[1] / 2, (computed, computed_cold)
+
+
+@pytest.mark.slow
 def test_a_full_server_answers_503_at_once(tmp_path: Path) -> None:
     """--max-batch 1 --max-queue 1: of six requests sent at once, two are served and the rest get 503 with
     the reason, not a wait."""
