@@ -17,7 +17,8 @@ a person can judge. Any user is checked, the scripted one too (it should score n
 - ``withheld_fact``: the agent asked for a fact the user knows, and the user's next message gives none of
   the facts asked for.
 - ``ignored_reply``: a user message repeats the user's previous one word for word although the agent had
-  since asked or proposed something new, as if the agent had said nothing.
+  since asked or proposed something new, as if the agent had said nothing. A repeat that gives a fact the
+  agent asked for again ("I could not find that account; your name and zip again?") answers it.
 - ``as_agent``: a user message speaks as the agent: offers help ("how can I help you?", "I'm here to
   help") or calls itself the agent or an assistant. SmolLM2-135M opens this way on 20 of 20 dev tasks
   (docs/research/llm-user-pilot.md).
@@ -148,8 +149,9 @@ def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms:
             slips["as_agent"].append(n)
         if asked and not any(_gives(norm(text), v) for v in asked.values()):
             slips["withheld_fact"].append(n)
+        answers = bool(asked) and any(_gives(norm(text), v) for v in asked.values())  # asked again: same answer
         if before is not None and norm(text) == norm(before[0]) and norm(agent or "") != norm(before[1]) and \
-                (ASK.search(norm(agent or "")) or PROPOSAL.search(norm(agent or ""))):
+                (ASK.search(norm(agent or "")) or PROPOSAL.search(norm(agent or ""))) and not answers:
             slips["ignored_reply"].append(n)
         if n == len(messages) - 1 and stop_reason == USER_STOP:
             # it left right after a proposal (so the action never happens) or a request for facts it withheld
