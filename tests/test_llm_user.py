@@ -537,7 +537,7 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
         make_user("llm")
 
 
-def test_repeating_the_facts_the_agent_asks_for_again_is_an_answer_not_an_ignored_reply() -> None:
+def test_answering_a_question_or_proposal_made_again_the_same_way_is_not_an_ignored_reply() -> None:
     """An agent that could not find the account asks for the same facts again: the user repeating them word
     for word answers it (a user model did so in the pilot of docs/research/llm-user-pilot.md, flagged before);
     repeating a message without the fact asked for is still an ignored reply."""
@@ -548,13 +548,16 @@ def test_repeating_the_facts_the_agent_asks_for_again_is_an_answer_not_an_ignore
     email = task.scenario.known["email"]
     ask, again = "Could you please tell me your email address?", "I could not find it. Could you tell me your email again?"
 
-    def slips(first: str, second: str) -> dict[str, list[int]]:
+    def slips(first: str, second: str, asks: tuple[str, str] = (ask, again)) -> dict[str, list[int]]:
         said = [Message(role="system", content="policy"), Message(role="user", content="I need help with an order."),
-                Message(role="assistant", content=ask), Message(role="user", content=first),
-                Message(role="assistant", content=again), Message(role="user", content=second)]
+                Message(role="assistant", content=asks[0]), Message(role="user", content=first),
+                Message(role="assistant", content=asks[1]), Message(role="user", content=second)]
         return {k: v for k, v in find_slips(task, said, "max_turns").items() if v}
 
     assert slips(f"It is {email}.", f"It is {email}.") == {}
+    proposals = ("I can cancel order #W1. Shall I proceed?", "Sorry, that failed. I can cancel #W1 again. Go ahead?")
+    assert slips("Yes, please go ahead.", "Yes, please go ahead.", proposals) == {}
+    assert slips("I want to return something.", "I want to return something.", proposals) == {"ignored_reply": [5]}
     assert slips("I want to return something.", "I want to return something.") == {
         "withheld_fact": [3, 5], "ignored_reply": [5]}
 

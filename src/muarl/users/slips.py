@@ -18,7 +18,8 @@ a person can judge. Any user is checked, the scripted one too (it should score n
   the facts asked for.
 - ``ignored_reply``: a user message repeats the user's previous one word for word although the agent had
   since asked or proposed something new, as if the agent had said nothing. A repeat that gives a fact the
-  agent asked for again ("I could not find that account; your name and zip again?") answers it.
+  agent asked for again ("I could not find that account; your name and zip again?"), or says yes to a
+  proposal made again, answers it.
 - ``as_agent``: a user message speaks as the agent: offers help ("how can I help you?", "I'm here to
   help") or calls itself the agent or an assistant. SmolLM2-135M opens this way on 20 of 20 dev tasks
   (docs/research/llm-user-pilot.md).
@@ -62,6 +63,8 @@ USER_STOP = "user_stop"
 #: what is stripped from either end of a word before it is read as an identifier (``(#W123).`` -> ``#W123``)
 _EDGES = "()[]{}<>\"'.,:;!?/*`|"
 _IDENT = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+#: a user message that says yes: repeated to a proposal made again, it is an answer
+_YES = re.compile(r"^(yes|yeah|yep|sure|ok|okay|correct|confirmed?|please (go ahead|proceed))\b")
 
 
 def _key(token: str) -> str:
@@ -149,7 +152,9 @@ def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms:
             slips["as_agent"].append(n)
         if asked and not any(_gives(norm(text), v) for v in asked.values()):
             slips["withheld_fact"].append(n)
-        answers = bool(asked) and any(_gives(norm(text), v) for v in asked.values())  # asked again: same answer
+        # asked again, answered again: the facts asked for, or a yes to a proposal made again
+        answers = (bool(asked) and any(_gives(norm(text), v) for v in asked.values())) or \
+            bool(PROPOSAL.search(norm(agent or "")) and _YES.search(norm(text)))
         if before is not None and norm(text) == norm(before[0]) and norm(agent or "") != norm(before[1]) and \
                 (ASK.search(norm(agent or "")) or PROPOSAL.search(norm(agent or ""))) and not answers:
             slips["ignored_reply"].append(n)
