@@ -238,7 +238,8 @@ def test_eval_cli_prints_and_writes(tmp_path, capsys, monkeypatch):
     (["--domain", "retail", "--k", "0"], "--k must be at least 1"),
     (["--domain", "retail", "--tasks", "retail-test-9-99999"], "has no task(s) retail-test-9-99999"),
     (["--domain", "retail", "--policy", "gpt"], "unknown policy 'gpt'"),
-    (["--domain", "retail", "--user", "llm:nourl"], "expected llm:URL#MODEL"),
+    (["--domain", "retail", "--user", "llm:nourl"], "not a model directory"),
+    (["--domain", "retail", "--user", "llm:http://127.0.0.1:9/v1"], "expected llm:URL#MODEL"),
 ])
 def test_eval_cli_errors_are_clear(tmp_path, capsys, extra, message):
     assert main(["eval", *extra, "--quiet", "--out", str(tmp_path / "x")]) == 2
