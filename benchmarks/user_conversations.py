@@ -25,8 +25,7 @@ import torch
 from muarl.domain import get_domain
 from muarl.models import load
 from muarl.serve import BatchedServing, Generator, GenRequest
-from muarl.users.base import STOP
-from muarl.users.llm import AGENT_GREETING, SYSTEM_PROMPT
+from muarl.users.llm import opening_messages
 
 AGENT_SAYS = ["I'd be happy to help. Could you tell me your first name, last name and zip code?",
               "Thank you. I found your account. Which order is this about?",
@@ -36,9 +35,7 @@ AGENT_SAYS = ["I'd be happy to help. Could you tell me your first name, last nam
 
 async def play(server: BatchedServing, tasks: list, turns: int, max_tokens: int) -> list[list[str]]:
     """Every conversation's user lines, the conversations played at once, one turn at a time."""
-    histories = [[{"role": "system", "content": SYSTEM_PROMPT.format(instruction=t.instruction.strip(), stop=STOP,
-                                                                     tools_rule="")},
-                  {"role": "user", "content": AGENT_GREETING}] for t in tasks]
+    histories = [opening_messages(t) for t in tasks]
     said: list[list[str]] = [[] for _ in tasks]
     for turn in range(turns):
         replies = await asyncio.gather(*[server.complete(GenRequest(messages=h, temperature=0.0, max_tokens=max_tokens))

@@ -45,7 +45,9 @@ def bodies(count: int, max_tokens: int) -> list[dict[str, Any]]:
 
 
 def start(extra: list[str]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "muarl.serve", "--model", "smollm2", "--port", "0", "--device", "cpu", *extra]
+    # no kept KV: the same prompts are sent twice, and the second round must be prefilled as the first was
+    cmd = [sys.executable, "-m", "muarl.serve", "--model", "smollm2", "--port", "0", "--device", "cpu",
+           "--prefix-cache-mib", "0", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     url = wait_ready(proc, 300)
     if url is not None:

@@ -23,7 +23,7 @@ from muarl.domain import get_domain
 from muarl.models import load
 from muarl.policies.batched_generator import BatchedGenerator, TokenSequence
 from muarl.serve import Generator, GenRequest
-from muarl.users.llm import AGENT_GREETING, STOP, SYSTEM_PROMPT
+from muarl.users.llm import AGENT_GREETING, opening_messages
 from muarl.users.phrases import norm
 from muarl.users.slips import AS_AGENT
 
@@ -34,15 +34,11 @@ MATTER = re.compile(r"\b(order|cancel|return|exchange|refund|item|address|paymen
 
 
 def prompts() -> dict[str, Callable[[Any], list[dict[str, str]]]]:
-    def muarl_prompt(task: Any) -> list[dict[str, str]]:
-        system = SYSTEM_PROMPT.format(instruction=task.instruction.strip(), stop=STOP, tools_rule="")
-        return [{"role": "system", "content": system}, {"role": "user", "content": AGENT_GREETING}]
-
     def short_prompt(task: Any) -> list[dict[str, str]]:
         return [{"role": "system", "content": SHORT.format(instruction=task.instruction.strip())},
                 {"role": "user", "content": AGENT_GREETING}]
 
-    return {"muarl's prompt": muarl_prompt, "short prompt": short_prompt}
+    return {"muarl's prompt": opening_messages, "short prompt": short_prompt}
 
 
 async def openings(generator: Generator, messages: list[list[dict[str, str]]], max_tokens: int) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from muarl.domain import get_domain
 from muarl.rollout import load_trajectories
-from muarl.users.slips import SLIPS, find_slips, slip_rates, tool_terms
+from muarl.users.slips import SLIPS, episode_slips, slip_rates
 
 
 def rescore(run: Path) -> tuple[dict[str, float | None], dict[str, float | None]]:
@@ -24,11 +24,9 @@ def rescore(run: Path) -> tuple[dict[str, float | None], dict[str, float | None]
     config = json.loads((run / "config.json").read_text())
     domain = get_domain(config["domain"])
     tasks = {t.id: t for split in ("train", "dev", "test") for t in domain.tasks(split)}
-    terms = tool_terms([*domain.tools, *domain.user_tools])
     trajs = [t for t in load_trajectories(run / "trajectories.jsonl").values() if not t.fault_kind]
     stored = slip_rates([t.metadata.get("user_slips") for t in trajs])
-    again = slip_rates([find_slips(tasks[t.task_id], t.messages, t.stop_reason, terms,
-                                   [r.output for r in t.tool_log if r.actor == "user"]) for t in trajs])
+    again = slip_rates([episode_slips(domain, tasks[t.task_id], t) for t in trajs])
     return stored, again
 
 

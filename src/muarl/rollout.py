@@ -30,7 +30,7 @@ from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import score
 from muarl.types import Actor, Message, Task, ToolRecord, Trajectory
 from muarl.users.base import SimulatorFault, StopSignal, UserReply, UserSession, UserSimulator
-from muarl.users.slips import find_slips, tool_terms
+from muarl.users.slips import episode_slips
 
 T = TypeVar("T")
 
@@ -119,8 +119,7 @@ async def run_episode(
     traj.stop_reason = reason
     traj.tool_log = list(env.log)  # a copy: an abandoned tool thread may still append to env.log
     # what the simulated user got wrong (muarl.users.slips): reported beside the reward, never part of it
-    traj.metadata["user_slips"] = find_slips(task, traj.messages, reason, tool_terms([*domain.tools, *domain.user_tools]),
-                                             [r.output for r in traj.tool_log if r.actor == "user"])
+    traj.metadata["user_slips"] = episode_slips(domain, task, traj)
     if fault is None:
         traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
         # the server died after the agent's last call (a death during a call is in the tool log already)

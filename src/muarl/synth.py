@@ -307,14 +307,15 @@ def synthesize(
     """
     if not 0 <= min_kept <= 1:
         raise ValueError(f"--min-kept must be between 0 and 1 (got {min_kept:g})")
-    if side not in ("agent", "user"):
-        raise ValueError(f"--side must be agent or user, not {side!r}")
-    from muarl.users.user_side import check_domain, to_user_record
-
-    to_record = to_user_record if side == "user" else to_chat_record
+    to_record = to_chat_record
     if side == "user":
+        from muarl.users.user_side import check_domain, to_user_record
+
         for domain in domains:
             check_domain(domain)
+        to_record = to_user_record
+    elif side != "agent":
+        raise ValueError(f"--side must be agent or user, not {side!r}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "trajectories").mkdir(exist_ok=True)
     given = dict(specs or {})

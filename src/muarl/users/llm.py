@@ -62,6 +62,14 @@ you saw. The agent cannot see your screen.
 """
 
 
+def opening_messages(task: Task, tools: bool = False) -> list[dict[str, Any]]:
+    """What an LLM user is sent before its first line: its system prompt with the task's instruction (and the
+    device-tools rule when it has user tools), then the agent's greeting. Shared by the user itself, its
+    training data (:mod:`muarl.users.user_side`) and the scripts that probe a user model."""
+    prompt = SYSTEM_PROMPT.format(instruction=task.instruction.strip(), stop=STOP, tools_rule=TOOLS_RULE if tools else "")
+    return [{"role": "system", "content": prompt}, {"role": "user", "content": AGENT_GREETING}]
+
+
 def parse_stop(text: str) -> tuple[str, StopSignal | None]:
     """(text without markers, stop signal). A reply that is nothing but a marker keeps its text as is, so
     the agent's transcript never contains an empty user turn."""
@@ -132,12 +140,7 @@ class LLMUserSession(UserSession):
         self.seed = seed
         self.rng = random.Random(seed)
         self.tools = user.tool_specs(task)
-        prompt = SYSTEM_PROMPT.format(instruction=task.instruction.strip(), stop=STOP,
-                                      tools_rule=TOOLS_RULE if self.tools else "")
-        self.history: list[dict[str, Any]] = [
-            {"role": "system", "content": prompt},
-            {"role": "user", "content": AGENT_GREETING},
-        ]
+        self.history: list[dict[str, Any]] = opening_messages(task, bool(self.tools))
 
     async def start(self) -> UserReply:
         # No ``act`` exists before the agent has spoken, so the opening line is offered no tools.

@@ -170,6 +170,13 @@ def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms:
     return slips
 
 
+def episode_slips(domain: Any, task: Task, traj: Any) -> dict[str, list[int]]:
+    """:func:`find_slips` of a played episode (its stop reason set): the domain's agent and user tools as the
+    terms a customer would not say, and what the user's own tool calls showed it as known."""
+    return find_slips(task, traj.messages, traj.stop_reason, tool_terms([*domain.tools, *domain.user_tools]),
+                      [r.output for r in traj.tool_log if r.actor == "user"])
+
+
 def slip_rates(slips: Sequence[Mapping[str, Sequence[int]] | None]) -> dict[str, float | None]:
     """``user_<kind>_rate`` (share of episodes with such a turn) and ``user_slip_rate`` (with any), over the
     episodes whose slips were found (None where there are none: trajectories recorded before this check)."""

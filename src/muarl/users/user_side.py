@@ -21,8 +21,7 @@ from typing import Any
 
 from muarl.domain import Domain
 from muarl.types import Task, Trajectory
-from muarl.users.base import STOP
-from muarl.users.llm import AGENT_GREETING, STOP_MARKERS, SYSTEM_PROMPT
+from muarl.users.llm import STOP_MARKERS, opening_messages
 
 #: a trajectory's stop reason -> the marker the user's last line must carry
 _MARKER_OF = {f"user_{signal}": marker for marker, signal in STOP_MARKERS.items()}
@@ -37,8 +36,7 @@ def check_domain(domain: Domain) -> None:
 
 def user_messages(task: Task, traj: Trajectory) -> list[dict[str, Any]]:
     """The conversation as the LLM user sees it, its own lines as ``assistant`` messages."""
-    prompt = SYSTEM_PROMPT.format(instruction=task.instruction.strip(), stop=STOP, tools_rule="")
-    out: list[dict[str, Any]] = [{"role": "system", "content": prompt}, {"role": "user", "content": AGENT_GREETING}]
+    out = opening_messages(task)
     said = [m for m in traj.messages if m.role != "system"]
     for i, m in enumerate(said):
         if m.role != "user":
