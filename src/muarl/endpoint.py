@@ -97,12 +97,16 @@ class ChatEndpoint:
 
     def _client(self) -> openai.AsyncOpenAI:
         """One client per event loop: pooled connections belong to the loop that opened them, and callers
-        (tests, scripts) often run several ``asyncio.run`` in one process."""
+        (a GRPO step, tests, scripts) run one ``asyncio.run`` after another in one process. The HTTP client is
+        passed in rather than made by openai, whose own schedules its closing on whatever loop runs when it is
+        collected: a closed loop's connections then fail to close on the next step's loop, and the log fills
+        with 'Task exception was never retrieved ... Event loop is closed'. Ours closes nothing on collection;
+        its sockets close with them."""
         loop = asyncio.get_running_loop()
         entry = self._clients.get(id(loop))
         if entry is None or entry[0] is not loop:
             client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout,
-                                        max_retries=0)
+                                        max_retries=0, http_client=openai.DefaultAsyncHttpxClient())
             self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed()}
             self._clients[id(loop)] = (loop, client)
             return client
