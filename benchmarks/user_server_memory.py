@@ -8,7 +8,7 @@ prompt for the first ``N`` dev tasks of retail-lite-forgetful, the agent's lines
 ``--max-tokens`` tokens. Each server's peak and final resident memory are read from ``/proc/PID/status``
 (VmHWM, VmRSS); its replies are checked equal to the other's, so both did the same work.
 
-    python benchmarks/user_server_memory.py                   # about 6 minutes on 2 cores
+    python benchmarks/user_server_memory.py                   # about 9 minutes on 2 cores
     python benchmarks/user_server_memory.py --model runs/user-sft/model --conversations 64
 
 Last line: ``user server memory, glibc defaults vs returned: resident N.NNx, peak N.NNx``.

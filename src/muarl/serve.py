@@ -302,7 +302,6 @@ class BatchedServing:
         self.store = PrefixStore(int(prefix_cache_mib * 2**20))
         self.trim_every = trim_every
         self.trimmed_at = time.monotonic()
-        self.trims = 0  # returns of freed memory started: for tests and logs
         self.trimming: asyncio.Future | None = None
 
     def engine(self, req: GenRequest) -> Any:
@@ -342,7 +341,7 @@ class BatchedServing:
         if (self.trim_every <= 0 or (self.trimming is not None and not self.trimming.done())
                 or (self.in_flight and now - self.trimmed_at < self.trim_every)):
             return
-        self.trimmed_at, self.trims = now, self.trims + 1
+        self.trimmed_at = now
         self.trimming = asyncio.get_running_loop().run_in_executor(None, release_freed)
 
 
