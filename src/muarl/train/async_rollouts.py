@@ -24,7 +24,9 @@ hands them to the trainer as they finish (muarl's engine samples from a
   between two forward passes of muarl's engine (its ``swapping_weights``: a lock it takes per pass) or
   two requests of a vLLM engine (in process: it drains its batch first; a server: paused, reloaded,
   resumed): episodes in
-  flight go on with the new weights, and every token keeps the log-prob it was drawn with;
+  flight go on with the new weights (with muarl's engine, attending to the cache their earlier tokens
+  left under the old ones; only the shared opening is recomputed), and every token keeps the log-prob it
+  was drawn with;
 - the update weighs each token by the truncated importance ratio of the trainer's pre-update log-probs
   to those behaviour log-probs (``--tis-cap``, 2 unless set), so stale tokens are corrected as the
   engine/trainer mismatch is; the KL term is unchanged.
