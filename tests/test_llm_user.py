@@ -565,7 +565,8 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
 def test_answering_a_question_or_proposal_made_again_the_same_way_is_not_an_ignored_reply() -> None:
     """An agent that could not find the account asks for the same facts again: the user repeating them word
     for word answers it (a user model did so in the pilot of docs/research/llm-user-pilot.md, flagged before);
-    repeating a message without the fact asked for is still an ignored reply."""
+    repeating a message without the fact asked for is still an ignored reply. A wrong proposal made again and
+    rejected or corrected again the same way is answered; a restatement the proposal did not touch is not."""
     from muarl.types import Message
     from muarl.users.slips import find_slips
 
@@ -583,6 +584,18 @@ def test_answering_a_question_or_proposal_made_again_the_same_way_is_not_an_igno
     proposals = ("I can cancel order #W1. Shall I proceed?", "Sorry, that failed. I can cancel #W1 again. Go ahead?")
     assert slips("Yes, please go ahead.", "Yes, please go ahead.", proposals) == {}
     assert slips("I want to return something.", "I want to return something.", proposals) == {"ignored_reply": [5]}
+    # a wrong proposal made again, corrected again the same way (a bad agent's garbled proposals, answered by
+    # the scripted user: 0.13-0.30 of its episodes were flagged): a no, or the right one of what it named
+    order = task.scenario.known["order_id"]
+    wrong = ("I can cancel order #W1000001. Shall I proceed?", "I can cancel order #W2000002 then. Shall I proceed?")
+    assert slips(f"No, that's not right: it's about my order {order}.",
+                 f"No, that's not right: it's about my order {order}.", wrong) == {}
+    assert slips(f"The order id is {order}.", f"The order id is {order}.", wrong) == {}
+    assert slips("No, that's not what I want.", "No, that's not what I want.", wrong) == {}
+    # restating facts the proposal already had, or of a sort it did not name, answers nothing
+    right = (f"I can cancel order {order}. Shall I proceed?", f"Sorry, that failed. Cancel {order} again? Go ahead?")
+    assert slips(f"I want to cancel {order}.", f"I want to cancel {order}.", right) == {"ignored_reply": [5]}
+    assert slips(f"My e-mail is {email}.", f"My e-mail is {email}.", wrong) == {"ignored_reply": [5]}
     assert slips("I want to return something.", "I want to return something.") == {
         "withheld_fact": [3, 5], "ignored_reply": [5]}
 

@@ -19,7 +19,10 @@ a person can judge. Any user is checked, the scripted one too (it should score n
 - ``ignored_reply``: a user message repeats the user's previous one word for word although the agent had
   since asked or proposed something new, as if the agent had said nothing. A repeat that gives a fact the
   agent asked for again ("I could not find that account; your name and zip again?"), or says yes to a
-  proposal made again, answers it.
+  proposal made again, answers it; so does a repeat that corrects a proposal made again (it says no, or
+  names another identifier of a sort the proposal named: "The order id is #W2924786." to a proposal for
+  another order).
+  Before this rule, a bad agent's garbled proposals made 0.13-0.30 of the scripted user's episodes flagged.
 - ``as_agent``: a user message speaks as the agent: offers help ("how can I help you?", "I'm here to
   help") or calls itself the agent or an assistant. SmolLM2-135M opens this way on 20 of 20 dev tasks
   (docs/research/llm-user-pilot.md).
@@ -65,6 +68,8 @@ _EDGES = "()[]{}<>\"'.,:;!?/*`|"
 _IDENT = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 #: a user message that says yes: repeated to a proposal made again, it is an answer
 _YES = re.compile(r"^(yes|yeah|yep|sure|ok|okay|correct|confirmed?|please (go ahead|proceed))\b")
+#: a user message that says no: repeated to a proposal made again (a wrong one, again), it is an answer
+_NO = re.compile(r"^(no|nope|not quite|that's not|that is not)\b")
 
 
 def _key(token: str) -> str:
@@ -125,6 +130,24 @@ def _asked(task: Task, agent_text: str) -> dict[str, str]:
     return found
 
 
+def _kind(token: str) -> str:
+    """What sort of identifier ``token`` is, to tell a correction from a restatement: an e-mail, its letter
+    prefix (``#W2924786`` and ``#W29150`` are both orders, ``credit_card_1`` a card) or its count of digits."""
+    key = _key(token)
+    return "@" if "@" in key else re.match(r"[a-z]*", key).group(0) or f"{len(key)} digits"
+
+
+def _answers_proposal(text: str, proposal: str) -> bool:
+    """Whether ``text``, the user's reply to ``proposal``, answers it: a yes, a no, or a correction (an
+    identifier of a sort the proposal named, but not the one it named: the right order, card or e-mail). A
+    reply that only restates facts the proposal did not touch (a static user's whole request) is none."""
+    said = norm(text)
+    if _YES.search(said) or _NO.search(said):
+        return True
+    named = {_kind(t) for t in _facts_in(proposal)}
+    return any(_kind(t) in named and _key(t) not in _key(proposal) for t in _facts_in(text))
+
+
 def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms: Iterable[str] = (),
                observed: Iterable[str] = ()) -> dict[str, list[int]]:
     """For each kind of :data:`SLIPS`, the indices in ``messages`` of the user messages that show it.
@@ -154,7 +177,7 @@ def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms:
             slips["withheld_fact"].append(n)
         # asked again, answered again: the facts asked for, or a yes to a proposal made again
         answers = (bool(asked) and any(_gives(norm(text), v) for v in asked.values())) or \
-            bool(PROPOSAL.search(norm(agent or "")) and _YES.search(norm(text)))
+            bool(PROPOSAL.search(norm(agent or "")) and _answers_proposal(text, agent or ""))
         if before is not None and norm(text) == norm(before[0]) and norm(agent or "") != norm(before[1]) and \
                 (ASK.search(norm(agent or "")) or PROPOSAL.search(norm(agent or ""))) and not answers:
             slips["ignored_reply"].append(n)
