@@ -241,3 +241,35 @@ def test_user_never_crashes_on_garbage() -> None:
         assert isinstance(reply.text, str) and reply.text.strip()
         assert reply.stop in (None, "stop", "transfer")
         assert "error" not in reply.metadata
+
+
+def test_a_proposal_made_again_after_the_users_yes_is_answered_with_reconfirm() -> None:
+    """The agent proposes, the user says yes, and the agent proposes the same action again (its tool call
+    failed, or it lost track): the shipped user takes the action as settled and leaves; with ``reconfirm``
+    (``muarl.users.scripted:reconfirming``) it answers again, yes to the right action, a correction to a
+    wrong one, up to ``reconfirm`` times, then leaves as before. A report that it is done still ends it."""
+    from muarl.users.scripted import reconfirming
+
+    task = _task("retail", "cancel_order")
+    oid, reason = task.scenario.known["order_id"], task.scenario.known["reason"]
+    proposal = f"I'm going to cancel order {oid} (reason: {reason}). Shall I go ahead?"
+    env = get_domain("retail").env(task)
+
+    async def act(name: str, arguments: dict[str, Any]) -> str:
+        return env.call(name, arguments, actor="user").output
+
+    def replies(user: ScriptedUser, texts: list[str]) -> list[Any]:
+        session = user.session(task, 0)
+        asyncio.run(session.start())
+        return [asyncio.run(session.reply(text, act)) for text in texts]
+
+    shipped = replies(ScriptedUser(), [proposal, proposal])
+    assert is_confirmation(shipped[0].text) and shipped[1].stop == "stop"
+    again = replies(reconfirming(), [proposal, proposal, proposal, proposal])
+    assert [is_confirmation(r.text) for r in again[:3]] == [True, True, True], again
+    assert [r.stop for r in again] == [None, None, None, "stop"]  # twice reopened, then settled
+    other = "#W0000001" if oid != "#W0000001" else "#W0000002"
+    wrong = replies(reconfirming(), [proposal, f"Shall I cancel order {other}? (yes/no)"])
+    assert wrong[1].stop is None and not is_confirmation(wrong[1].text) and oid in wrong[1].text, wrong
+    done = replies(reconfirming(), [proposal, f"Done: order {oid} has been cancelled. Shall I help with anything else?"])
+    assert done[1].stop == "stop", done

@@ -27,6 +27,7 @@ class Goal:
     status: str = "pending"  # pending | confirmed | done
     changed_mind: bool = False
     insisted: int = 0
+    reopened: int = 0  # times a proposal made again after the user's yes put it back to pending
     performed: list[str] = field(default_factory=list)
 
     @property

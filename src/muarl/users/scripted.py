@@ -68,10 +68,14 @@ class ScriptedUser(UserSimulator):
 
     name = "scripted"
 
-    def __init__(self, max_stale: int = 6, max_replies: int = 40, insist: int = 2):
+    def __init__(self, max_stale: int = 6, max_replies: int = 40, insist: int = 2, reconfirm: int = 0):
         self.max_stale = max_stale
         self.max_replies = max_replies
         self.insist = insist
+        #: after its yes, an agent that proposes the same action again (a tool call failed, or it lost
+        #: track) gets an answer again, up to this many times per goal; at 0 (the default, with which every
+        #: published figure was measured) the agent's next message settles the goal and the user leaves
+        self.reconfirm = reconfirm
         self.domain: Domain | None = None
 
     def for_domain(self, domain: Domain) -> ScriptedUser:
@@ -93,7 +97,14 @@ class ScriptedUser(UserSimulator):
         if not task.scenario.intents:
             raise ValueError(f"the scripted user cannot play task {task.id!r} of {task.domain}: it has no "
                              "structured scenario (intents); use --user llm:URL#MODEL or replay:FILE.jsonl")
-        return ScriptedSession(task, seed, self.max_stale, self.max_replies, self.insist, domain=domain)
+        return ScriptedSession(task, seed, self.max_stale, self.max_replies, self.insist, domain=domain,
+                               reconfirm=self.reconfirm)
+
+
+def reconfirming() -> ScriptedUser:
+    """The scripted user that answers a proposal made again after its yes, twice per goal at most
+    (``--user muarl.users.scripted:reconfirming``; docs/research/llm-user-pilot.md)."""
+    return ScriptedUser(reconfirm=2)
 
 
 class ScriptedSession(UserSession):
@@ -104,7 +115,7 @@ class ScriptedSession(UserSession):
     """
 
     def __init__(self, task: Task, seed: int, max_stale: int = 6, max_replies: int = 40, insist: int = 2,
-                 *, script: UserScript | None = None, domain: Domain | None = None):
+                 *, script: UserScript | None = None, domain: Domain | None = None, reconfirm: int = 0):
         self.task = task
         self.scenario = task.scenario
         self.domain = domain if domain is not None or script is not None else registered_domain(task.domain)
@@ -114,7 +125,7 @@ class ScriptedSession(UserSession):
         self.withheld = set(task.scenario.withheld)
         self.rng = random.Random(seed)
         self.goals = [Goal(i) for i in task.scenario.intents]
-        self.max_stale, self.max_replies, self.insist = max_stale, max_replies, insist
+        self.max_stale, self.max_replies, self.insist, self.reconfirm = max_stale, max_replies, insist, reconfirm
         self.stale = 0
         self.replies = 0
         self.told: set[int] = set()
@@ -221,11 +232,16 @@ class ScriptedSession(UserSession):
                                           "That's all, thank you. Goodbye!"]))
 
     def _settle_confirmed(self, text: str) -> None:
-        """After a yes, the agent's next words say whether the action went through."""
+        """After a yes, the agent's next words say whether the action went through: a failure, or (with
+        ``reconfirm``) the same action proposed again, puts it back to pending."""
         for goal in self.goals:
             if goal.status != "confirmed":
                 continue
             if FAILED.search(text) and not DONE.search(text):
+                goal.status = "pending"
+            elif goal.reopened < self.reconfirm and not DONE.search(text) and PROPOSAL.search(text) and \
+                    goal.intent.action and self.script.names_action(goal.intent.action, text):
+                goal.reopened += 1
                 goal.status = "pending"
             elif goal.steps_done:
                 goal.status = "done"
