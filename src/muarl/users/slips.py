@@ -175,7 +175,7 @@ def find_slips(task: Task, messages: Sequence[Message], stop_reason: str, terms:
             slips["as_agent"].append(n)
         if asked and not any(_gives(norm(text), v) for v in asked.values()):
             slips["withheld_fact"].append(n)
-        # asked again, answered again: the facts asked for, or a yes to a proposal made again
+        # asked again, answered again: the facts asked for, or a yes, a no or a correction to a proposal made again
         answers = (bool(asked) and any(_gives(norm(text), v) for v in asked.values())) or \
             bool(PROPOSAL.search(norm(agent or "")) and _answers_proposal(text, agent or ""))
         if before is not None and norm(text) == norm(before[0]) and norm(agent or "") != norm(before[1]) and \
