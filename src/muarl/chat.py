@@ -6,6 +6,16 @@ and tokenizing that suffix; the conversation is never re-rendered and re-tokeniz
 sampled text often re-tokenizes differently (TRL and verl both document the "tokenization drift" this
 causes). :meth:`ChatFormat.drifted` measures how often a full re-render would have disagreed.
 
+New messages are rendered after a stub of the history that keeps only its last message (the assistant
+turn just sampled), and the text after that turn's end-of-turn token is what gets appended. Templates that
+render a turn differently once it is no longer the last (Qwen3 writes an empty think block into the last
+assistant turn only) therefore never re-append a turn: the stream holds each message exactly once.
+
+Thinking: Qwen3-style templates take ``enable_thinking``; muarl passes False unless asked (the paper trained
+and evaluated non-thinking), so the generation prompt holds the empty think block. With thinking on
+(``muarl --thinking ...`` or ``MUARL_THINKING=1``) the model writes ``<think>...</think>`` itself: that
+reasoning is trained on as sampled but kept out of the message the user and the tools see.
+
 Templates with tool support (Qwen, Hermes, muarl's embedded model) get the tools through the template.
 For templates without (SmolLM2), the tool schemas and the ``<tool_call>`` protocol go into the system
 prompt, assistant tool calls are written into the assistant text and tool results become user turns
@@ -15,6 +25,7 @@ wrapped in ``<tool_response>``, so every model speaks the same protocol.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +33,34 @@ from typing import Any
 from muarl.types import Message, ToolCall, ToolSpec
 
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+#: the environment variable that turns thinking mode on for every chat format of a process and its children
+THINKING_ENV = "MUARL_THINKING"
+
+
+def thinking_default() -> bool:
+    """Whether chat formats render in thinking mode by default: ``MUARL_THINKING=1`` (set by ``muarl
+    --thinking``), else off, the paper's setting."""
+    value = os.environ.get(THINKING_ENV, "0").strip().lower()
+    if value not in ("0", "1", "true", "false", ""):
+        raise ValueError(f"{THINKING_ENV}={value!r}: expected 1 or 0")
+    return value in ("1", "true")
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, rest) of model text that opens with a ``<think>...</think>`` block (Qwen3, DeepSeek-R1);
+    ("", text) when there is none. A think block left open is all reasoning: nothing in it is said or
+    called."""
+    head = text.lstrip()
+    if head.startswith("<think>"):
+        body = head[len("<think>"):]
+        if "</think>" not in body:
+            return body.strip(), ""
+        reasoning, rest = body.split("</think>", 1)
+        return reasoning.strip(), rest.lstrip("\n")
+    if "</think>" in text:  # the template wrote <think> into the prompt
+        reasoning, rest = text.split("</think>", 1)
+        return reasoning.strip(), rest.lstrip("\n")
+    return "", text
 
 TOOLS_PROMPT = """
 
@@ -45,6 +84,7 @@ class ParsedTurn:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    reasoning: str = ""
 
 
 def parse_assistant(text: str, call_prefix: str = "call") -> ParsedTurn:
@@ -52,7 +92,9 @@ def parse_assistant(text: str, call_prefix: str = "call") -> ParsedTurn:
 
     Accepted per block: a JSON object with a string ``name`` and ``arguments`` as an object (or a
     string holding a JSON object, as some models write); a missing ``arguments`` means no arguments.
+    A leading ``<think>`` block is reasoning (:func:`split_reasoning`): a call written inside it is not made.
     """
+    reasoning, text = split_reasoning(text)
     calls: list[ToolCall] = []
     errors: list[str] = []
     for i, match in enumerate(_BLOCK.finditer(text)):
@@ -67,7 +109,7 @@ def parse_assistant(text: str, call_prefix: str = "call") -> ParsedTurn:
         tail = content[content.index("<tool_call>"):]
         errors.append(f"unterminated <tool_call> block: {_snippet(tail)}")
         content = content[: content.index("<tool_call>")]
-    return ParsedTurn(content=content.strip(), tool_calls=calls, errors=errors)
+    return ParsedTurn(content=content.strip(), tool_calls=calls, errors=errors, reasoning=reasoning)
 
 
 def _parse_call(raw: str) -> tuple[tuple[str, dict[str, Any]] | None, str]:
@@ -100,8 +142,10 @@ def _snippet(text: str, limit: int = 120) -> str:
 class ChatFormat:
     """One tokenizer's view of muarl conversations: rendering, token deltas, parsing, drift."""
 
-    def __init__(self, tokenizer: Any, tools: list[ToolSpec]):
+    def __init__(self, tokenizer: Any, tools: list[ToolSpec], thinking: bool | None = None):
         self.tokenizer = tokenizer
+        #: passed to the template as ``enable_thinking`` (templates without it ignore it)
+        self.thinking = thinking_default() if thinking is None else thinking
         self.tools = [t.openai_schema() for t in tools]
         vocab = tokenizer.get_vocab()
         self.end_text = "<|im_end|>" if "<|im_end|>" in vocab else tokenizer.eos_token
@@ -116,7 +160,8 @@ class ChatFormat:
     def _template_has_tools(self) -> bool:
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         tool = {"type": "function", "function": {"name": "zz_probe_tool", "description": "d", "parameters": {}}}
-        return "zz_probe_tool" in self.tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False)
+        return "zz_probe_tool" in self.tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False,
+                                                                     enable_thinking=self.thinking)
 
     # -- rendering ----------------------------------------------------------------------------------
     def template_messages(self, messages: list[Message], tools: bool = True) -> list[dict[str, Any]]:
@@ -150,7 +195,8 @@ class ChatFormat:
     def render(self, messages: list[Message], add_generation_prompt: bool = False, tools: bool = True) -> str:
         kwargs: dict[str, Any] = {"tools": self.tools} if tools and self.native_tools and self.tools else {}
         return self.tokenizer.apply_chat_template(self.template_messages(messages, tools), tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **kwargs)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  enable_thinking=self.thinking, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -188,26 +234,33 @@ class ChatFormat:
     def delta_ids(self, history: list[Message], new: list[Message]) -> tuple[list[int], bool]:
         """Tokens to append after the last sampled end-of-turn token for the ``new`` messages.
 
-        Returns (ids, append_only): ``append_only`` is False when the template re-rendered earlier
-        turns differently once new ones were added (then only the differing suffix is appended and the
-        turn counts as drift). The system turn is rendered as a stub without tools here: it is the same
-        on both sides, and the tool schemas are most of the rendering work.
+        The new messages are rendered after a stub of the history (a one-character system turn where there
+        is one, a one-character user turn, then the history's last message as it is) and cut after the
+        stub's own end-of-turn tokens: what is appended is the template's rendering of the new messages
+        alone, whatever the template does to earlier turns once later ones exist. Returns (ids,
+        append_only): ``append_only`` is False when the template re-rendered the stub's last turn
+        differently once the new messages followed it (Qwen3 does, for the empty think block of the last
+        assistant turn): the tokens are right either way; the flag says a full re-render would differ.
+        The system turn is rendered without tools: the tool schemas are most of the rendering work.
         """
-        if history and history[0].role == "system":
-            history = [Message(role="system", content="-")] + history[1:]
-        before = self.render(history, tools=False)
-        after = self.render(history + new, add_generation_prompt=True, tools=False)
-        append_only = after.startswith(before)
-        if not append_only:
-            common = 0
-            for a, b in zip(before, after, strict=False):
-                if a != b:
-                    break
-                common += 1
-            before = before[:common]
-        cut = before.rfind(self.end_text)
-        glue = before[cut + len(self.end_text):] if cut >= 0 else ""
-        return self.encode(glue + after[len(before):]), append_only
+        if not history:
+            raise ValueError("delta_ids needs the history the new messages follow; use prompt_ids to open")
+        stub = [Message(role="system", content="-")] if history[0].role == "system" else []
+        if history[-1].role != "user":
+            stub.append(Message(role="user", content="-"))
+        stub.append(history[-1])
+        before = self.render(stub, tools=False)
+        after = self.render(stub + new, add_generation_prompt=True, tools=False)
+        ends = before.count(self.end_text)
+        if ends == 0:
+            raise ValueError(f"the chat template renders no {self.end_text} after a turn; muarl cannot append to it")
+        cut = -len(self.end_text)
+        for _ in range(ends):
+            cut = after.find(self.end_text, cut + len(self.end_text))
+            if cut < 0:
+                raise ValueError(f"the chat template drops an earlier turn's {self.end_text} once new messages "
+                                 "follow it; muarl cannot append to it")
+        return self.encode(after[cut + len(self.end_text):]), after.startswith(before)
 
     def drifted(self, token_ids: list[int], messages: list[Message]) -> bool:
         """Whether a full re-render of ``messages`` tokenizes differently from the ids actually used."""
@@ -222,4 +275,5 @@ class ChatFormat:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def parse(self, ids: list[int], call_prefix: str = "call") -> ParsedTurn:
+        """The message sampled ``ids`` say (reasoning split off: :func:`parse_assistant`)."""
         return parse_assistant(self.decode(ids), call_prefix)
