@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import inspect
 
+import pytest
+
 from muarl.domain import get_domain
 from muarl.policies.expert import ExpertPolicy
 from muarl.train.distributed import Dist
@@ -131,3 +133,102 @@ def test_masking_truncated_members_keeps_the_groups_success():
             assert all(a == 0 for _, _, a in got)
         else:  # every member masked: nothing trains, and the step's line says masking did it
             assert got == [] and "masked" in untrained({}, keep, step.masked)
+
+
+def _faulted(kind: str, reward: float = 0.0):
+    """A scored episode ended by a fault of ``kind`` (recorded as the episode loop records it)."""
+    traj = _episode(reward, {"user": "sim_fault", "policy": "policy_fault", "tool": "tool_fault"}[kind.split("_")[0]])
+    traj.metadata["fault"] = {"kind": kind, "message": f"{kind} (made by hand)", "traceback": ""}
+    traj.sim_fault = kind.startswith("user")
+    return traj
+
+
+def _step(groups, config):
+    import torch
+
+    from muarl.train.groups import reward_of
+    from muarl.train.orchestrator import StepRollouts, masks
+
+    rewards = torch.tensor([[reward_of(config)(t) for t in g] for g in groups])
+    return StepRollouts(groups, rewards, torch.ones(len(groups), dtype=torch.bool), masks(groups, config),
+                        len(groups), len(groups), 0.0)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
+@pytest.mark.parametrize("faults", [("user",), ("user_timeout", "tool", "tool_timeout"),
+                                    ("user", "user_timeout", "user", "tool", "user")])
+def test_a_simulator_fault_leaves_its_groups_baseline(algorithm, faults):
+    """Issue 57: a group of three clean members (one success, two failures) and k members the simulated user
+    or a tool server spoiled (scored 0, as such episodes usually are). The clean members get exactly the
+    advantages the three alone would get: the faulted ones are out of the group's mean and standard
+    deviation as well as the gradient. A fault-free group beside it is untouched."""
+    import torch
+
+    from muarl.algorithms import get_algorithm
+
+    algo = get_algorithm(algorithm)
+    config = GRPOConfig(group_size=3 + len(faults))
+    clean = [_episode(1.0, "user_stop"), _episode(0.0, "user_stop"), _episode(0.0, "user_stop")]
+    plain = [_episode(float(m % 2), "user_stop") for m in range(3 + len(faults))]
+    groups = [clean + [_faulted(kind) for kind in faults], plain]
+    step = _step(groups, config)
+    advantages, batch = step.batch(algo)
+    alone = algo.advantages(torch.tensor([[1.0, 0.0, 0.0]]))[0]
+    assert advantages[0, :3].tolist() == alone.tolist()
+    assert [(_member(groups[0], t), a) for g, t, a in batch if g == 0] == [(m, float(alone[m])) for m in range(3)]
+    assert advantages[1].tolist() == algo.advantages(step.rewards[1:])[0].tolist()
+    assert step.metrics["groups_too_small"] == 0
+
+
+def test_a_policy_fault_is_the_agents_failure_not_masked():
+    """``mask_sim_faults`` masks the simulator's faults (the user's, a tool server's) only. An episode the
+    policy itself broke or ran out of time on stays in the gradient and in its group's baseline as a
+    failure: reward 0 even where its database happened to be right."""
+    from muarl.train.orchestrator import masks
+
+    config = GRPOConfig(group_size=4)
+    group = [_episode(1.0, "user_stop"), _faulted("policy_timeout", reward=1.0), _faulted("policy"),
+             _faulted("user_timeout")]
+    assert masks([group], config) == [[False, False, False, True]]
+    step = _step([group], config)
+    assert step.rewards.tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    advantages, batch = step.batch(get_algorithm_named("grpo"))
+    assert [_member(group, t) for _, t, _ in batch] == [0, 1, 2]
+    assert advantages[0, 1] < 0 and advantages[0, 2] < 0  # pushed down as the failures they are
+    assert masks([group], GRPOConfig(group_size=4, mask_sim_faults=False)) == [[False] * 4]
+
+
+def test_a_group_left_with_one_member_that_counts_trains_nothing_and_is_counted():
+    """One clean success among seven episodes the user spoiled: today it would get advantage +2.47 against a
+    baseline the agent did not make. With one member left that counts there is no baseline: the group
+    trains nothing (no sequence, no KL term), its advantages are 0, and the step counts it in
+    ``groups_too_small``; so is a group every member of which was spoiled. Under ``mask_sim_faults=False``
+    the spoiled members count as failures and the group trains as before."""
+    from muarl.train.grpo import untrained
+
+    config = GRPOConfig(group_size=8)
+    lone = [_episode(1.0, "user_stop")] + [_faulted("user_timeout") for _ in range(7)]
+    spoiled = [_faulted("user") for _ in range(8)]
+    fine = [_episode(float(m < 3), "user_stop") for m in range(8)]
+    step = _step([lone, spoiled, fine], config)
+    advantages, batch = step.batch(get_algorithm_named("grpo"))
+    assert {g for g, _, _ in batch} == {2} and len(batch) == 8
+    assert advantages[:2].abs().sum() == 0
+    assert step.trained()[0] == [False] * 8
+    assert step.metrics["groups_too_small"] == 2
+    alone = _step([lone], config)
+    assert alone.batch(get_algorithm_named("grpo"))[1] == [] and alone.metrics["groups_too_small"] == 1
+    assert untrained({}, alone.keep, alone.masked) is not None
+    counted = _step([lone], GRPOConfig(group_size=8, mask_sim_faults=False))
+    assert counted.metrics["groups_too_small"] == 0 and len(counted.batch(get_algorithm_named("grpo"))[1]) == 8
+
+
+def _member(group, traj) -> int:
+    """The member ``traj`` is (by identity: hand-made members are equal as values)."""
+    return next(m for m, t in enumerate(group) if t is traj)
+
+
+def get_algorithm_named(name: str):
+    from muarl.algorithms import get_algorithm
+
+    return get_algorithm(name)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from muarl.algorithms import informative_groups
-from muarl.faults import credited_reward
+from muarl.faults import credited_reward, side_of
 from muarl.files import atomic_open
 from muarl.train.grpo_config import GRPOConfig
 from muarl.types import Task, Trajectory
@@ -27,10 +27,13 @@ def train_reward(traj: Trajectory, penalize_violations: bool = False, violation_
                  truncation_reward: float | None = None) -> float:
     """The reward GRPO trains on: the episode's binary reward, or ``violation_reward`` if it broke a rule and
     that is penalized (whether or not its database was right), or ``truncation_reward`` (when set) if it was
-    cut off at a token, context or turn limit (:attr:`~muarl.types.Trajectory.truncated`); both: the lower."""
+    cut off at a token, context or turn limit (:attr:`~muarl.types.Trajectory.truncated`); both: the lower.
+    A policy fault (the agent's own, never masked) is a failure, 0, whatever its final database, as
+    evaluation counts it (:func:`~muarl.faults.credited_reward`)."""
     if traj.reward is None:
         return 0.0
-    value = violation_reward if penalize_violations and traj.reward.violations else traj.reward.reward
+    own = 0.0 if traj.fault_kind and side_of(traj.fault_kind) == "policy" else traj.reward.reward
+    value = violation_reward if penalize_violations and traj.reward.violations else own
     if truncation_reward is not None and traj.truncated:
         value = min(truncation_reward, value) if penalize_violations and traj.reward.violations else truncation_reward
     return value

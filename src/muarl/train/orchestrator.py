@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from muarl.factory import make_user
+from muarl.faults import counts_against_policy
 from muarl.rollout import RolloutEngine
 from muarl.train.async_rollouts import RolloutStream, take_step
 from muarl.train.distributed import Dist
@@ -41,6 +42,7 @@ from muarl.train.grpo_config import GRPOConfig
 from muarl.train.samplers import (
     CopySampler,
     Sampler,
+    check_in_process_engine,
     check_rollout_engine,
     make_sampler,
     rollout_copy,
@@ -60,23 +62,54 @@ class StepRollouts:
     cursor: int  # the data position after this step: tasks played (or consumed) since the run began
     tasks_played: int
     rollout_s: float  # how long the trainer waited for them
-    metrics: dict[str, float] = field(default_factory=dict)  # the source's own (asynchrony)
+    metrics: dict[str, float] = field(default_factory=dict)  # the source's own (asynchrony), groups_too_small
 
-    def trained(self) -> list[list[bool]]:
-        """Which episodes the update trains on: a kept group's, unmasked, with agent tokens."""
-        return [[bool(self.keep[g]) and bool(sum(t.loss_mask)) and not self.masked[g][m] for m, t in enumerate(group)]
+    def __post_init__(self) -> None:
+        counted = self.counted()
+        too_small = sum(bool(self.keep[g]) and sum(counted[g]) < MIN_COUNTED for g in range(len(self.groups)))
+        self.metrics = {**self.metrics, "groups_too_small": float(too_small)}
+
+    def counted(self) -> list[list[bool]]:
+        """Which episodes count in their group's baseline (mean and standard deviation): all but those
+        masked for a simulator's fault (:func:`sim_masked`). A truncated episode counts, masked or not: being
+        cut off is the agent's doing, a failure; so does a policy fault (never masked)."""
+        return [[not (self.masked[g][m] and sim_masked(t)) for m, t in enumerate(group)]
                 for g, group in enumerate(self.groups)]
 
-    def batch(self, algorithm: Any) -> tuple[torch.Tensor, list[tuple[int, Trajectory, float]]]:
-        """The step's advantages under ``algorithm`` ([groups, group_size]) and the update's sequences:
-        (group, episode, advantage) of every trained episode.
+    def trained(self) -> list[list[bool]]:
+        """Which episodes the update trains on: a kept group's with at least :data:`MIN_COUNTED` members that
+        count, unmasked, with agent tokens."""
+        counted = self.counted()
+        return [[bool(self.keep[g]) and sum(counted[g]) >= MIN_COUNTED and bool(sum(t.loss_mask))
+                 and not self.masked[g][m] for m, t in enumerate(group)] for g, group in enumerate(self.groups)]
 
-        Where masking meets the group advantage: the advantages come from the whole group's training
-        rewards, a masked member's included (a truncated episode scored 0, a failure), and masking then
-        only takes the masked members' own sequences out. A group's success keeps its positive advantage
-        however many of its members were masked; what masking removes is the push down on the masked
-        episodes (a truncated one is never taught to stop), never the group's signal to the others."""
-        advantages = algorithm.advantages(self.rewards)
+    def advantages(self, algorithm: Any) -> torch.Tensor:
+        """Each group's advantages under ``algorithm`` ([groups, group_size]) over the members that count
+        (:meth:`counted`), as if the others had not been played: a simulator-faulted member is out of its
+        group's mean and standard deviation, and its own advantage is 0. A group with fewer than
+        :data:`MIN_COUNTED` members that count has no baseline: 0 everywhere (it trains nothing)."""
+        advantages = algorithm.advantages(self.rewards)  # a group whose members all count: as it always was
+        for g, counts in enumerate(self.counted()):
+            if all(counts):
+                continue
+            advantages[g] = 0.0
+            members = [m for m, c in enumerate(counts) if c]
+            if len(members) >= MIN_COUNTED:
+                advantages[g, members] = algorithm.advantages(self.rewards[g, members].unsqueeze(0))[0]
+        return advantages
+
+    def batch(self, algorithm: Any) -> tuple[torch.Tensor, list[tuple[int, Trajectory, float]]]:
+        """The step's advantages under ``algorithm`` ([groups, group_size], :meth:`advantages`) and the
+        update's sequences: (group, episode, advantage) of every trained episode.
+
+        Where masking meets the group advantage: a simulator's fault (the user's, a tool server's) leaves the
+        group's baseline as well as the gradient, so the clean members get the advantages they alone would
+        get, never a baseline the agent did not make. A truncated episode is the agent's failure: under
+        ``mask_truncated`` it still counts in the baseline (scored 0, or ``truncation_reward``), and masking
+        only takes its own sequence out, so a group's success keeps its positive advantage; what masking
+        removes is the push down on the truncated episodes (one is never taught to stop). A group left with
+        fewer than :data:`MIN_COUNTED` members that count trains nothing (metric ``groups_too_small``)."""
+        advantages = self.advantages(algorithm)
         trained = self.trained()
         return advantages, [(g, t, float(advantages[g, m])) for g, group in enumerate(self.groups)
                             for m, t in enumerate(group) if trained[g][m]]
@@ -108,10 +141,23 @@ def sync_bytes(rollouts: Any) -> int:
     return int(getattr(getattr(rollouts, "sampler", None), "sync_bytes", 0) or 0)
 
 
+#: the fewest members that count (:meth:`StepRollouts.counted`) a group needs for a baseline to train on
+MIN_COUNTED = 2
+
+
+def sim_masked(traj: Trajectory) -> bool:
+    """Whether an episode is spoiled by the simulator's side: a user fault or a tool-server fault
+    (:func:`~muarl.faults.counts_against_policy` false), not the agent's doing. A policy fault (the policy
+    raised, returned garbage, ran past ``agent_timeout``) is the agent's own failure and is not one."""
+    return traj.fault_kind is not None and not counts_against_policy(traj)
+
+
 def masks(groups: list[list[Trajectory]], config: GRPOConfig) -> list[list[bool]]:
-    """The episodes left out of the gradient instead of counting as failures: a simulator's fault
-    (``mask_sim_faults``) and, with ``mask_truncated``, a turn cut at its token limit."""
-    return [[(config.mask_sim_faults and bool(t.fault_kind))
+    """The episodes left out of the gradient: a simulator's fault (``mask_sim_faults``: the user's or a
+    tool server's, :func:`sim_masked`; such an episode also leaves its group's baseline) and, with
+    ``mask_truncated``, a turn cut at its token limit (which still counts in the baseline, as a failure).
+    A policy fault is never masked: it trains as the agent's failure (reward 0, :func:`train_reward`)."""
+    return [[(config.mask_sim_faults and sim_masked(t))
              or (config.mask_truncated and t.stop_reason == "turn_token_limit") for t in group] for group in groups]
 
 
@@ -204,7 +250,9 @@ class Streamed:
 
 def check_rollouts(config: GRPOConfig, dist: Dist) -> None:
     """What can be refused before a run directory exists: an engine that is not installed or a server
-    not given (on the ranks that sample: rank 0 alone under ``--max-staleness``)."""
+    not given (on the ranks that sample: rank 0 alone under ``--max-staleness``), and, on every rank, an
+    in-process vLLM engine in a run of several processes."""
+    check_in_process_engine(config, dist.world)
     if samples_here(config, dist) or config.rollout_engine.startswith(SERVER):
         check_rollout_engine(config)
 
