@@ -1267,3 +1267,58 @@ def test_asynchronous_grpo_samples_with_a_server_at_most_n_updates_behind(vllm_s
         _async_turns_come_from_recent_weights(tmp_path, f"vllm-server:{vllm_server}/v1#tiny")
     finally:  # the server's weights are the run's last ones: back to the checkpoint's for later tests
         _restore(vllm_server)
+
+
+# -- Qwen3's tokenizer and template (issue 56) ----------------------------------------------------------
+def _qwen3_scripted_ids(policy, domain, task, turns):
+    """The ids of one episode whose user and tool messages are fixed (``turns``) and whose agent turns the
+    policy samples, ending on length or end of turn alike: the same stream for any engine."""
+    session = policy.session(domain, task, seed=0)
+
+    async def play():
+        for new in turns:
+            await session.next(new)
+    asyncio.run(play())
+    return session.ids if hasattr(session, "ids") else session.seq.ids
+
+
+@pytest.mark.parametrize("thinking", ["0", "1"], ids=["non-thinking", "thinking"])
+def test_qwen3_conversations_are_the_same_ids_through_muarls_engine_and_vllm(tmp_path, monkeypatch, thinking):
+    """A random Qwen3 with Qwen3's real tokenizer and template: greedy, the same 10-turn conversation
+    (user turns, tool results, a tool error) gives the same ids through the transformers engine and vLLM,
+    and each fixed message enters the stream once."""
+    from muarl import qwen3
+    from muarl.domain import get_domain
+    from muarl.policies.hf import HFPolicy
+    from muarl.policies.vllm import VLLMPolicy
+    from muarl.types import Message
+    from transformers import Qwen3ForCausalLM
+
+    monkeypatch.setenv("MUARL_THINKING", thinking)
+    tok = qwen3.build_tokenizer("qwen3")
+    config = qwen3.model_config("qwen3-0.6b", layers=1, tokenizer=tok)
+    config.hidden_size, config.intermediate_size, config.head_dim = 128, 256, 64  # vLLM's CPU attention: 64
+    config.num_attention_heads, config.num_key_value_heads = 2, 1
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    domain = get_domain("retail")
+    task = domain.tasks("test")[0]
+    opening = [Message(role="system", content=domain.policy), Message(role="user", content=task.instruction)]
+    turns = [opening] + [[Message(role="user", content=f"My e-mail is u{i}@example.com, turn {i}.")]
+                         if i % 3 else
+                         [Message(role="tool", content=f'{{"order": "#W{i}", "status": "pending"}}', tool_call_id="c0"),
+                          Message(role="tool", content=f"Error: order #W{i + 1} not found", tool_call_id="c1")]
+                         for i in range(1, 10)]
+    hf = HFPolicy(str(tmp_path), temperature=0.0, max_new_tokens=6, seed=0)
+    engine = VLLMPolicy(str(tmp_path), temperature=0.0, max_new_tokens=6, seed=0)
+    try:
+        ours, theirs = _qwen3_scripted_ids(hf, domain, task, turns), _qwen3_scripted_ids(engine, domain, task, turns)
+    finally:
+        engine.close()
+    assert ours == theirs
+    text = tok.decode(ours, skip_special_tokens=False)
+    assert text.count("<|im_start|>assistant\n" + ("" if thinking == "1" else "<think>\n\n</think>\n\n")) == 10
+    for new in turns[1:]:
+        for m in new:
+            assert text.count(m.content) == 1, m.content

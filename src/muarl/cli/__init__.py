@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -44,6 +45,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 data_dir(p)  # every command that takes a domain, a new one too
             if module.NAME in config_file.TAKES_CONFIG:
                 config_file.add_option(p)
+                p.add_argument("--thinking", action="store_true",
+                               help="render chats in thinking mode (Qwen3's enable_thinking; default off, the "
+                                    "paper's setting); sets MUARL_THINKING=1 for this run and its processes")
     return parser
 
 
@@ -61,6 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FileNotFoundError, ValueError) as err:
             return _error(err, 2)
     args = parser.parse_args(argv)
+    if getattr(args, "thinking", False):  # read by every chat format (muarl.chat), in this process and its children
+        from muarl.chat import THINKING_ENV
+
+        os.environ[THINKING_ENV] = "1"
     if command in config_file.TAKES_CONFIG:  # the commands that run something: their console is muarl's
         from muarl.models import quiet_weight_bars
 
