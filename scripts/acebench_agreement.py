@@ -1,7 +1,7 @@
 """muarl's judgement against ACEBench's own checker, on gold and on perturbed trajectories.
 
-    MUARL_ACEBENCH_DATA=../shared/acebench/data_en python scripts/acebench_agreement.py gold
-    MUARL_ACEBENCH_DATA=../shared/acebench/data_en python scripts/acebench_agreement.py perturb [--n 200] [--seed 0]
+    MUARL_ACEBENCH_DATA=tests/data/acebench/data_en python scripts/acebench_agreement.py gold
+    MUARL_ACEBENCH_DATA=tests/data/acebench/data_en python scripts/acebench_agreement.py perturb [--n 200] [--seed 0]
 
 Both judges grade the same muarl trajectory (the task's gold actions, or a mutation of them, played as a
 conversation by ``muarl.gold``):

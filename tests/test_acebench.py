@@ -1,8 +1,9 @@
 """The ACEBench agent bridge: ACEBench's data, evalscope's scenario classes and ACEBench's own checker.
 
-Real components only: ACEBench's English agent data from ``../shared/acebench/data_en`` beside the repo
-(or ``$MUARL_ACEBENCH_DATA``; muarl commits none of it) and the ``evalscope`` package. The full
-agreement study is ``scripts/acebench_agreement.py``; these tests run it on samples.
+Real components only: ACEBench's English agent data, the copy in ``tests/data/acebench/data_en`` (MIT, its
+README says from where; ``$MUARL_ACEBENCH_DATA`` names another), which no test may write to, and the
+``evalscope`` package. The full agreement study is ``scripts/acebench_agreement.py``; these tests run it on
+samples.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 from conftest import require, run_muarl
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("MUARL_ACEBENCH_DATA") or ROOT.parent / "shared" / "acebench" / "data_en")
+DATA = Path(os.environ.get("MUARL_ACEBENCH_DATA") or ROOT / "tests" / "data" / "acebench" / "data_en")
 require((DATA / "data_agent_multi_turn.json").is_file(),
         f"ACEBench's data is not at {DATA} (set MUARL_ACEBENCH_DATA)")
 require(importlib.util.find_spec("evalscope") is not None,
@@ -53,6 +54,19 @@ from muarl.users.scripted import ScriptedUser  # noqa: E402
 REPAIRED = {"agent_multi_turn_6", "agent_multi_step_0", "agent_multi_step_1", "agent_multi_step_12",
             "agent_multi_step_13", "agent_multi_step_14", "agent_multi_step_15", "agent_multi_step_16",
             "agent_multi_step_17"}
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _data_left_as_it_was():
+    """The data directory is only read: after the module's tests its files are the ones before them."""
+    before = _digests(DATA)
+    yield
+    assert _digests(DATA) == before, f"a test changed ACEBench's data in {DATA}"
 
 
 def _script():

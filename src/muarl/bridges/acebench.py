@@ -1,10 +1,10 @@
 """ACEBench's agent category as muarl domains: ``acebench:multi_turn`` and ``acebench:multi_step``.
 
 The data is ACEBench's English agent data from a directory the user names (``--data DIR`` where a
-command has it, else ``$MUARL_ACEBENCH_DATA``, e.g. ``../shared/acebench/data_en``); muarl ships none of
-it. The code that runs is evalscope's copy of ACEBench (extra ``acebench``): its scenario classes execute
-every call on the item's ``initial_config``, privately for each episode (:mod:`muarl.bridges.acebench_world`),
-and its checker judges the end state.
+command has it, else ``$MUARL_ACEBENCH_DATA``, e.g. ``tests/data/acebench/data_en`` in a checkout, the
+copy the tests read); the package ships none of it. The code that runs is evalscope's copy of ACEBench
+(extra ``acebench``): its scenario classes execute every call on the item's ``initial_config``, privately
+for each episode (:mod:`muarl.bridges.acebench_world`), and its checker judges the end state.
 
 - **Tasks.** One per item. The agent sees the item's ``function`` list as tools; a multi-turn item's
   view also carries ACEBench's policy of its scenario (the phone or the airline) as the system prompt.

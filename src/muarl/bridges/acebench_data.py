@@ -60,7 +60,8 @@ def data_source(explicit: str | Path | None = None) -> tuple[Path, str]:
     chosen = explicit if given else os.environ.get(ENV_VAR, "")
     if not chosen:
         raise DataError(f"the acebench domains need ACEBench's English agent data: pass --data DIR or set {ENV_VAR} "
-                        "to its data_en directory, e.g. ../shared/acebench/data_en (muarl ships none of it)")
+                        "to its data_en directory, e.g. tests/data/acebench/data_en in a muarl checkout (the "
+                        "package ships none of it)")
     source = "--data" if given else ENV_VAR
     path = Path(str(chosen)).expanduser()
     if not path.exists():
