@@ -23,7 +23,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from muarl.policies.weight_buckets import bucket_nbytes, dtype_name, open_group, unpack
+from muarl.policies.weight_buckets import (
+    abort_group,
+    bucket_nbytes,
+    device_identity,
+    dtype_name,
+    link_device,
+    open_group,
+    unpack,
+)
 
 #: the ``--worker-extension-cls`` a server needs for the in-memory sync
 RECEIVER = "muarl.policies.vllm_receiver.WeightReceiver"
@@ -38,23 +46,25 @@ class WeightReceiver:
     _muarl_link: tuple[Any, Any, torch.device] | None = None
 
     def muarl_link_info(self) -> dict[str, Any]:
-        """This worker's model dtype (the wire dtype the trainer casts to), device type and rank."""
+        """This worker's model dtype (the wire dtype the trainer casts to), rank and device: its type and, on a
+        GPU, which one (:func:`~muarl.policies.weight_buckets.device_identity`), so the trainer can tell a
+        server on its own GPU, where NCCL cannot link the two, from one on another."""
         parameter = next(self.model_runner.get_model().parameters())  # type: ignore[attr-defined]
         return {"dtype": dtype_name(self.vllm_config.model_config.dtype),  # type: ignore[attr-defined]
-                "device": parameter.device.type, "rank": int(self.rank)}  # type: ignore[attr-defined]
+                **device_identity(parameter.device), "rank": int(self.rank)}  # type: ignore[attr-defined]
 
     def muarl_open_link(self, host: str, port: int, first_rank: int, world: int, backend: str,
                         timeout_s: float, connect_s: float = 60.0) -> dict[str, Any]:
         """Join the trainer's group (its TCPStore at ``host:port``, reached within ``connect_s``) as rank
         ``first_rank + self.rank``; returns once every member has joined. ``timeout_s`` bounds each
-        broadcast. A link opened before is closed first."""
+        broadcast. A link opened before is closed first. The group is in working order when this returns
+        (NCCL's communicator built: :func:`~muarl.policies.weight_buckets.open_group`)."""
         self.muarl_close_link()
         store = dist.TCPStore(host, int(port), int(world), False, timeout=datetime.timedelta(seconds=connect_s))
         store.add(JOINED, 1)  # the trainer waits for every worker here, a bounded time, before the group forms
         rank = int(first_rank) + int(self.rank)  # type: ignore[attr-defined]
         group = open_group(store, rank, int(world), backend, timeout_s)
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        self._muarl_link = (store, group, device)
+        self._muarl_link = (store, group, link_device(backend))
         return {"rank": rank}
 
     def muarl_receive(self, plan: str) -> dict[str, Any]:
@@ -95,5 +105,9 @@ class WeightReceiver:
         return {"buckets": len(buckets), "bytes": sum(bucket_nbytes(b) for b in buckets)}
 
     def muarl_close_link(self) -> None:
-        """Drop the link (the trainer opens a new one when it needs to)."""
+        """End the link, its group aborted (the trainer opens a new one when it needs to): a group dropped
+        with a broadcast still queued (a trainer gone mid-sync) would be timed out by NCCL's watchdog, which
+        ends the worker."""
+        if self._muarl_link is not None:
+            abort_group(self._muarl_link[1])
         self._muarl_link = None

@@ -11,8 +11,10 @@ the group. Imports torch alone: it runs inside a vLLM server's workers and in a 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
+import socket
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -86,15 +88,53 @@ def unpack(buffer: torch.Tensor, bucket: list[dict[str, Any]]) -> Iterator[tuple
         raise ValueError(f"a weight bucket of {buffer.numel()} bytes was planned as {offset}")
 
 
-def open_group(store: dist.Store, rank: int, world: int, backend: str, timeout_s: float) -> dist.ProcessGroup:
+def link_device(backend: str) -> torch.device:
+    """Where a link's buffers live on this end: its current GPU on NCCL, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def device_identity(device: torch.device) -> dict[str, Any]:
+    """What tells ``device`` apart across processes and machines, as each end of a link reports it: its
+    type and, for a GPU, its UUID (one physical GPU whatever ``CUDA_VISIBLE_DEVICES`` each process sees)
+    and the host and CUDA index it has here (the fallback where a build has no UUID)."""
+    identity: dict[str, Any] = {"device": device.type}
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        identity.update(host=socket.gethostname(), cuda_index=int(index), uuid=None if uuid is None else str(uuid))
+    return identity
+
+
+def open_group(store: dist.Store, rank: int, world: int, backend: str, timeout_s: float) -> Any:
     """A process group of its own over ``store`` (never the default group: a vLLM worker and a sharded
-    trainer each have one already): gloo, which moves CPU tensors anywhere, or NCCL between GPUs."""
+    trainer each have one already): gloo, which moves CPU tensors anywhere, or NCCL between GPUs. Every
+    member calls it when the link opens, and it returns with the group in working order: one collective
+    (a one-element broadcast) has run on it, so NCCL's communicator, which NCCL otherwise builds at the
+    first collective, is built here, not inside the first sync (a server paused for it). A group that
+    fails it is aborted (:func:`abort_group`)."""
     prefixed = dist.PrefixStore(GROUP_PREFIX, store)
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
-    if backend == "nccl":
+        group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+    elif backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, world, options)
-    raise ValueError(f"weight sync backend must be gloo or nccl, not {backend!r}")
+        group = dist.ProcessGroupNCCL(prefixed, rank, world, options)
+    else:
+        raise ValueError(f"weight sync backend must be gloo or nccl, not {backend!r}")
+    try:
+        probe = torch.zeros(1, device=link_device(backend))
+        group.broadcast(probe, 0).wait()
+        probe.cpu()  # on a GPU: the broadcast has run, not only been queued
+    except BaseException:
+        abort_group(group)
+        raise
+    return group
+
+
+def abort_group(group: Any) -> None:
+    """End ``group`` here and now (``abort``: local, no peer needed), before it is dropped: a failed link's
+    collectives still queued would otherwise be timed out by NCCL's watchdog, which then ends the process."""
+    if group is not None:
+        with contextlib.suppress(Exception):  # ending it is all that is asked: a group already ended is fine
+            group.abort()

@@ -6,8 +6,10 @@ reloads them into its model as they arrive (:mod:`muarl.policies.vllm_receiver`)
 Why not the file: a full-weight sync through safetensors writes and reads the whole model per step, in the
 trainer's dtype (33 GB at 8B in float32), and needs a filesystem the servers share. Here one broadcast
 reaches every server, the bytes are the engine's dtype, and each end holds one bucket beyond its model.
-The group is gloo (CPU tensors, any machines) unless the trainer and every worker are on GPUs, where it is
-NCCL. The control (the bucket plan, pause, reset, resume) goes over the servers' HTTP routes (dev mode).
+The group is NCCL when the trainer and every worker are each on a GPU of their own, else gloo (CPU tensors,
+any machines), which covers a server on the trainer's own GPU (:func:`choose_backend`). It is built, NCCL's
+communicator included, when the link opens, and aborted when the link ends or fails. The control (the
+bucket plan, pause, reset, resume) goes over the servers' HTTP routes (dev mode).
 
 A server started without the receiver (not by :func:`~muarl.policies.vllm_server.server_command`) answers
 the first call with an error, and :meth:`WeightLink.open` returns None: the caller falls back to files.
@@ -31,7 +33,17 @@ import torch
 import torch.distributed as dist
 
 from muarl.policies.vllm_receiver import JOINED, RECEIVER
-from muarl.policies.weight_buckets import BUCKET_BYTES, bucket_nbytes, dtype_of, open_group, pack, plan
+from muarl.policies.weight_buckets import (
+    BUCKET_BYTES,
+    abort_group,
+    bucket_nbytes,
+    device_identity,
+    dtype_of,
+    link_device,
+    open_group,
+    pack,
+    plan,
+)
 
 LINK_TIMEOUT_S = 600.0  # one broadcast (a bucket) may take this long before the sync fails
 CONNECT_TIMEOUT_S = 60.0  # every worker joins the group within this, or the link is refused
@@ -52,6 +64,41 @@ def local_address(url: str) -> str:
         return probe.getsockname()[0]
 
 
+def trainer_identity() -> dict[str, Any]:
+    """Where this process's end of a link would be (:func:`~muarl.policies.weight_buckets.device_identity`):
+    its current GPU (the one an NCCL link would use), else the CPU."""
+    return device_identity(link_device("nccl") if torch.cuda.is_available() else torch.device("cpu"))
+
+
+def choose_backend(trainer: dict[str, Any], workers: list[dict[str, Any]]) -> str:
+    """The link's transport, chosen before any group exists, from where every end runs (``trainer``:
+    :func:`trainer_identity`; ``workers``: every server worker's ``muarl_link_info``): NCCL when each is on
+    a GPU of its own, else gloo. Gloo where an end is on the CPU, and where two ends share a GPU: a vLLM
+    server on the trainer's own GPU (docs/gpu.md's one-GPU layouts), which NCCL refuses ("Duplicate GPU
+    detected"), or two servers on one. Two ends are on one GPU when their UUIDs are equal; where one lacks
+    a UUID, when their (host, CUDA index) are; an end that names its GPU neither way may be on any, so gloo.
+    Future work: CUDA IPC between ends on one GPU (a handle to the trainer's buckets, no copy through host
+    memory)."""
+    ends = [trainer, *workers]
+    if any(end.get("device") != "cuda" for end in ends):
+        return "gloo"
+    for k, one in enumerate(ends):
+        for other in ends[k + 1:]:
+            if _same_gpu(one, other) is not False:
+                return "gloo"
+    return "nccl"
+
+
+def _same_gpu(one: dict[str, Any], other: dict[str, Any]) -> bool | None:
+    """Whether two ends' GPUs are one (None: they do not say enough to tell)."""
+    if one.get("uuid") and other.get("uuid"):
+        return one["uuid"] == other["uuid"]
+    places = [(end.get("host"), end.get("cuda_index")) for end in (one, other)]
+    if any(host is None or index is None for host, index in places):
+        return None
+    return places[0] == places[1]
+
+
 class WeightLink:
     """Rank 0's process group with every worker of ``servers``
     (:class:`~muarl.policies.vllm_server.VLLMServer`); :meth:`open` makes one. ``wire``: the engines'
@@ -61,7 +108,7 @@ class WeightLink:
                  bucket_bytes: int = BUCKET_BYTES):
         self.servers, self.group, self.store, self.wire, self.backend = servers, group, store, wire, backend
         self.bucket_bytes = bucket_bytes
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = link_device(backend)
         self.broken = False
 
     @classmethod
@@ -69,7 +116,9 @@ class WeightLink:
              bucket_bytes: int = BUCKET_BYTES) -> WeightLink | None:
         """Join every worker of ``servers`` into one group with this process; None when a server has no
         receiver (started without muarl's worker extension), any other failure a :class:`LinkFailed`.
-        ``backend``: "auto" (NCCL when this process and every worker have GPUs, else gloo), gloo or nccl."""
+        ``backend``: "auto" (:func:`choose_backend`), gloo or nccl. The group is whole and in working order
+        (NCCL's communicator built) when this returns: no sync builds it inside a server's pause. A link
+        that fails to open has its group aborted."""
         infos: list[list[dict[str, Any]]] = []
         for server in servers:
             try:
@@ -82,9 +131,8 @@ class WeightLink:
         if len(dtypes) != 1:
             raise LinkFailed(f"the servers {', '.join(s.url for s in servers)} run different dtypes "
                              f"({', '.join(sorted(dtypes))}): one weight sync cannot serve them all")
-        on_gpus = all(info["device"] == "cuda" for workers in infos for info in workers)
         if backend == "auto":
-            backend = "nccl" if on_gpus and torch.cuda.is_available() else "gloo"
+            backend = choose_backend(trainer_identity(), [info for workers in infos for info in workers])
         world = 1 + sum(len(workers) for workers in infos)
         host, first = local_address(servers[0].url), 1
         # the store listens on every interface; its own client (this process) reaches it on loopback
@@ -105,10 +153,17 @@ class WeightLink:
                                  f"({'; '.join(failed) or 'no answer'}); a server that cannot reach this machine "
                                  "needs --vllm-weight-sync file")
             time.sleep(0.05)
-        group = open_group(store, 0, world, backend, timeout_s)  # every worker is there: forms at once
-        for server, join in zip(servers, joins, strict=True):
-            if join.exception(timeout=CONNECT_TIMEOUT_S) is not None:
-                raise LinkFailed(f"{server.url} could not join the weight link ({join.exception()})")
+        try:  # every worker is there: forms at once (a group that fails its first collective is aborted)
+            group = open_group(store, 0, world, backend, timeout_s)
+        except RuntimeError as err:
+            raise LinkFailed(f"the weight link ({backend}) could not be opened: {' '.join(str(err).split())}") from None
+        try:
+            for server, join in zip(servers, joins, strict=True):
+                if join.exception(timeout=CONNECT_TIMEOUT_S) is not None:
+                    raise LinkFailed(f"{server.url} could not join the weight link ({join.exception()})")
+        except BaseException:
+            abort_group(group)
+            raise
         return cls(servers, group, store, dtype_of(dtypes.pop()), backend, bucket_bytes)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -145,17 +200,20 @@ class WeightLink:
         if not failed and sender.done() and sender.exception() is not None:
             failed = [("the broadcast", sender.exception())]
         if failed:
-            self.broken = True  # a broadcast or a server may still wait on a peer that left: this group is done
+            self.broken = True  # a broadcast or a server may still wait on a peer that left: this group is done,
+            abort_group(self.group)  # ended now, not timed out later by NCCL's watchdog (which ends the process)
             raise LinkFailed("; ".join(f"{who} could not take the weights ({err})" for who, err in failed))
         for server in self.servers:
             server.stats.weight_syncs += 1
         return sum(bucket_nbytes(bucket) for bucket in buckets)
 
     def close(self) -> None:
-        """Ask the servers to drop their end (a server already gone is left as it is)."""
+        """Ask the servers to end theirs (a server already gone is left as it is), then end this end: the
+        group aborted before it is dropped."""
         for server in self.servers:
             with contextlib.suppress(Exception):
                 server.rpc("muarl_close_link")
+        abort_group(self.group)
         self.group = None
         self.store = None
 

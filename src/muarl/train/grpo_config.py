@@ -54,7 +54,9 @@ class GRPOConfig(RunSettings, EpisodeLimits):
         "help": "with --dynamic-sampling: play up to this many batches of --tasks-per-step tasks per step to "
                 "fill the update with groups that have a learning signal"})
     mask_sim_faults: bool = field(default=True, metadata={
-        "help": "leave every faulted episode (user, policy, tool, timeouts: muarl.faults) out of the gradient"})
+        "help": "leave episodes the simulator spoiled (user and tool-server faults and timeouts: muarl.faults) "
+                "out of the gradient and their group's baseline; a policy fault is never masked (the agent's "
+                "failure, reward 0)"})
     penalize_violations: bool = field(default=False, metadata={
         "help": "train on --violation-reward for an episode that broke a policy rule, even if its database is "
                 "right (the paper's reward is the database alone; the CPU demo penalizes)"})
@@ -97,6 +99,11 @@ class GRPOConfig(RunSettings, EpisodeLimits):
                 "trainer's pre-update log-probs, each token weighed by min(trainer / sampler probability, C); 2 "
                 "is the published choice (0: off; unset: 2 with --max-staleness, else off). The mismatch is "
                 "logged either way (mismatch_kl, mismatch_outside)", "metavar": "C"})
+    # None: by need, see recomputes_old_logprobs in muarl.train.grpo_update
+    recompute_old_logprobs: bool | None = field(default=None, metadata={
+        "help": "take the PPO ratio against the trainer's own log-probs from before the update instead of the "
+                "rollout engine's (default: whenever the two differ in numerics: a vLLM engine, bf16, "
+                "--tis-cap; --no-recompute-old-logprobs: the engine's, and no --tis-cap)"})
     # asynchronous GRPO (muarl.train.async_rollouts): episodes keep being played while the trainer updates
     max_staleness: int = field(default=0, metadata={
         "help": "asynchronous rollouts: groups are played on the newest synced weights while the trainer "
@@ -149,6 +156,10 @@ class GRPOConfig(RunSettings, EpisodeLimits):
                              "(--violation-reward needs --penalize-violations)")
         if self.tis_cap is not None and self.tis_cap < 0:
             raise ValueError(f"--tis-cap must be above 0 (or 0: off), not {self.tis_cap:g}")
+        if self.recompute_old_logprobs is False and (self.tis_cap or (self.tis_cap is None and self.max_staleness)):
+            raise ValueError("--tis-cap weighs tokens by the trainer's old log-probs over the engine's, which "
+                             "--no-recompute-old-logprobs leaves out: use one of the two (--tis-cap 0 to keep "
+                             "the engine's)")
         if self.max_staleness < 0:
             raise ValueError(f"--max-staleness must be 0 (synchronous) or more, not {self.max_staleness}")
         if self.max_staleness and self.vllm_sleep:

@@ -2,8 +2,9 @@
 
 Micro-batched forwards and backwards whose accumulated gradient is the whole batch's token-mean loss; the
 sequences that carry no gradient left out (:func:`skipped_sequences`); activation checkpointing by need
-(:func:`set_checkpointing`); the rollout-training mismatch measured and, with ``tis_cap``, corrected; several
-updates on one batch (:func:`update_on_rollouts`, GRPO's mu).
+(:func:`set_checkpointing`); the rollout-training mismatch measured, kept out of the ratio (the trainer's own
+old log-probs where engine and trainer differ: :func:`recomputes_old_logprobs`) and, with ``tis_cap``,
+corrected; several updates on one batch (:func:`update_on_rollouts`, GRPO's mu).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from muarl.algorithms import LossBatch
 from muarl.algorithms.common import k3_kl
 from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
 from muarl.train import autocast
-from muarl.train.distributed import Dist
+from muarl.train.distributed import Dist, compute_device
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.scoring import batch_logprobs, micro_batches, reference_logprobs, shared_opening
 from muarl.train.sharding import grad_norm, idle_passes, is_sharded, pass_count
@@ -67,15 +68,17 @@ def checkpointing(lm: Any) -> bool:
                 else getattr(lm, "is_gradient_checkpointing", False))
 
 
-def set_checkpointing(model: Any, config: GRPOConfig, tokens: int) -> bool:
+def set_checkpointing(model: Any, config: GRPOConfig, tokens: int,
+                      device: torch.device | None = None) -> bool:
     """Activation checkpointing by need: on when ``config.gradient_checkpointing`` says so, or (None, the
     default) when the update's largest micro-batch (``tokens`` tokens) would keep activations above a
     quarter of the accelerator's free memory. Never by default on the CPU, where memory is the host's and
-    recomputing every forward only costs time. Returns whether it is on."""
+    recomputing every forward only costs time. ``device``: where the forwards compute, the run's
+    (:func:`~muarl.train.distributed.compute_device`; None: the parameters'). Returns whether it is on."""
     lm = causal_lm(model)
     wanted = config.gradient_checkpointing
     if wanted is None:
-        device = next(lm.parameters()).device
+        device = device if device is not None else compute_device(lm)
         if device.type != "cuda":
             wanted = False
         else:
@@ -94,6 +97,26 @@ def set_checkpointing(model: Any, config: GRPOConfig, tokens: int) -> bool:
     return bool(wanted)
 
 
+def recomputes_old_logprobs(config: GRPOConfig, trainer_bf16: bool) -> bool:
+    """Whether the PPO ratio's denominator, the old log-probs, is the trainer's own (from before the first
+    update on the batch) rather than the rollout engine's: the one place this is decided.
+
+    The engine's log-probs are the trainer's only when the engine is the trainer's own model in float32
+    (muarl's engine, ``hf``, without bf16): the mismatch is then float noise (1e-12) and they serve as the
+    old log-probs. With any other engine (vLLM, in this process or a server: other kernels, dtype and
+    batching) or bf16 forwards the mismatch alone moves the ratio, and a token whose two probabilities
+    differ by more than the clip is clipped, its gradient gone, before the policy has moved: a biased
+    update. There the trainer's log-probs are the old ones (verl's recomputed ``old_log_prob``), and the
+    engine's enter only the importance weights (``--tis-cap``, whose weight is trainer over engine: it
+    needs them, so it turns this on). ``config.recompute_old_logprobs`` forces it on or off.
+    ``trainer_bf16``: the update's forwards autocast to bfloat16."""
+    if config.tis_cap:
+        return True
+    if config.recompute_old_logprobs is not None:
+        return bool(config.recompute_old_logprobs)
+    return config.rollout_engine != "hf" or trainer_bf16
+
+
 def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
                   batch: list[tuple[Trajectory, float]], config: GRPOConfig, dist: Dist | None = None,
                   totals: tuple[float, float] | None = None,
@@ -110,22 +133,26 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     micro-batch (:mod:`muarl.train.shared_prefix`); sequences that carry no gradient are not run
     (:func:`skipped_sequences`), their KL and loss counted from their sampling log-probs. With several
     processes ``batch`` is this rank's share, ``totals`` the whole update's (tokens, sequences) and the
-    gradients are summed over ranks before the step. Old log-probs are the ones stored at sampling time
-    (the step is on-policy: ratio 1). ``reference`` None means LoRA: the reference is the model with its
+    gradients are summed over ranks before the step. The old log-probs are the trainer's own where engine
+    and trainer differ in numerics (:func:`recomputes_old_logprobs`; the first update's ratio is then 1),
+    else the ones stored at sampling time. ``reference`` None means LoRA: the reference is the model with its
     adapter disabled. ``ref``: the reference's log-probs of ``batch`` already computed
     (:func:`~muarl.train.scoring.reference_logprobs`), so several updates on one batch score it once;
     with ``kl_beta`` 0 the reference is not needed and not computed.
 
-    ``trainer_old`` holds, with ``config.tis_cap``, the trainer's own log-probs of each sequence from
-    before the first update on this batch: it is filled when ``first`` (the log-probs that update
-    computes anyway, detached). The ``first`` update's stats include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
-    ``config.tis_cap`` takes the ratio against them and weighs tokens by truncated importance sampling.
+    ``trainer_old`` holds, where :func:`recomputes_old_logprobs`, the trainer's own log-probs of each
+    sequence from before the first update on this batch: it is filled when ``first`` (the log-probs that
+    update computes anyway, detached: no extra forward), and the ratio is taken against them. The ``first``
+    update's stats include the rollout-training mismatch (:mod:`muarl.algorithms.mismatch`);
+    ``config.tis_cap`` also weighs tokens by truncated importance sampling (trainer over engine).
     """
-    dist = dist or Dist()
+    device = compute_device(model, dist)  # the run's: under --fsdp-offload the parameters sit on the CPU
+    dist = dist or Dist(device=device)
     trainer_old = {} if trainer_old is None else trainer_old
     params = trainable_parameters(model)
     tokens, sequences = totals or (float(sum(sum(t.loss_mask) for t, _ in batch)), float(len(batch)))
-    precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
+    precision = autocast(config.bf16, device)
+    recompute = recomputes_old_logprobs(config, isinstance(precision, torch.autocast))
     ref_s = 0.0
     if ref is None and config.kl_beta:
         began = time.perf_counter()
@@ -137,7 +164,8 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     parts = micro_batches(batch, config, run)
     passes = pass_count(model, len(parts), dist)
     if parts:
-        set_checkpointing(model, config, max(len(p) * len(batch[p[-1]][0].token_ids) for p in parts))
+        set_checkpointing(model, config, max(len(p) * len(batch[p[-1]][0].token_ids) for p in parts),
+                          device)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
@@ -154,21 +182,22 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         trajs = [batch[i][0] for i in part]
         with precision:
             current, entropy = batch_logprobs(model, [t.token_ids for t in trajs], config.temperature,
-                                              [t.loss_mask for t in trajs], shared.leaves if shared else None)
+                                              [t.loss_mask for t in trajs], shared.leaves if shared else None,
+                                              device)
         width = current.shape[1]
         mask = _pad([torch.tensor(t.loss_mask, dtype=torch.float) for t in trajs], width).to(current.device)
         sampler = _pad([torch.tensor(t.logprobs) for t in trajs], width).to(current.device)
         if first:
             for k, value in enumerate(mismatch_sums(current, sampler, mask)):
                 drift[k] += value
-            if config.tis_cap:  # kept, on the device, for the later updates on this batch
+            if recompute:  # the old log-probs, kept on the device for the later updates on this batch
                 for row, i in enumerate(part):
                     trainer_old[i] = current[row, :len(batch[i][0].token_ids)].detach()
-        before = _pad([trainer_old[i] for i in part], width) if config.tis_cap else None
+        before = _pad([trainer_old[i] for i in part], width) if recompute else None
         loss_batch = LossBatch(
             logprobs=current,
-            old_logprobs=sampler if before is None else before,
-            is_weights=None if before is None else truncated_is_weights(before, sampler, config.tis_cap),
+            old_logprobs=sampler if before is None else before,  # the engine's only where they are the trainer's
+            is_weights=truncated_is_weights(before, sampler, config.tis_cap) if config.tis_cap else None,
             advantages=_pad([torch.full((len(t.token_ids),), batch[i][1]) for i, t in zip(part, trajs, strict=True)],
                             width).to(current.device),
             mask=mask,
@@ -185,7 +214,7 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
     if shared is not None:
         shared.backward()
     if passes > len(parts):  # a sharded model: as many passes as the busiest rank
-        idle_passes(model, len(parts), passes, params[0].device)
+        idle_passes(model, len(parts), passes, device)
     for param in params:  # a gradient of 0, not none: AdamW's moments and weight decay move as in the plain update
         if param.grad is None:
             param.grad = torch.zeros_like(param)
@@ -214,11 +243,12 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     """``config.num_iterations`` optimizer steps on one step's rollouts (GRPO's mu; verl's ppo_epochs).
 
     Rollouts are the expensive part of a step (on the CPU demo about 55 s against 4 s for an update), so
-    reusing them for several updates buys more learning per episode. The old log-probs stay the sampling
-    ones, so from the second update on the ratio leaves 1 and the clip bounds how far a step can move.
-    The reference does not change, so its log-probs are computed once for all the updates (and not at
-    all with ``kl_beta`` 0); nor do the trainer's pre-update log-probs, kept from the first update for
-    the mismatch and truncated importance sampling. Returns each stat averaged over the updates that
+    reusing them for several updates buys more learning per episode. The old log-probs stay those of
+    before the first update (the trainer's or the engine's, :func:`recomputes_old_logprobs`), so from the
+    second update on the ratio leaves 1 and the clip bounds how far a step can move. The reference does
+    not change, so its log-probs are computed once for all the updates (and not at all with ``kl_beta``
+    0); nor do the trainer's pre-update log-probs, kept from the first update as the old log-probs and for
+    truncated importance sampling. Returns each stat averaged over the updates that
     report it (the mismatch: the first), the reference seconds and the summed update seconds.
     """
     began = time.perf_counter()

@@ -460,6 +460,18 @@ def server_policies(config: Any) -> list[Any]:
     return policies
 
 
+def check_in_process_engine(config: Any, world: int) -> None:
+    """Refuse ``--rollout-engine vllm`` in a run of several training processes (``torchrun``, ``accelerate
+    launch``; ``world`` of them), in one line, before any weights load: an in-process vLLM engine there has
+    never run (vLLM builds its own distributed state in the process, where the trainer's process group
+    and torchrun's environment already are). vLLM servers, which every process shares, are the way."""
+    if config.rollout_engine == "vllm" and world > 1:
+        raise ValueError(f"--rollout-engine vllm runs a vLLM engine inside the training process, which a run of "
+                         f"{world} training processes does not support: start a vLLM server (docs/vllm.md) and "
+                         f"pass --rollout-engine {SERVER}URL#MODEL (every process samples from it), or train in "
+                         "one process")
+
+
 def check_rollout_engine(config: Any) -> None:
     """Refuse, before anything is written, a rollout engine that cannot run: vLLM not installed (in-process
     engine) or a server that cannot be reached or does not serve the model (one line each)."""

@@ -1,0 +1,137 @@
+"""The in-memory weight sync's link (muarl.policies.weight_link) without vLLM or a GPU (issue 56, item 2): the
+transport chosen up front from where every end runs, the group built when the link opens, a failed link's
+group aborted. The link is real (a gloo group, the trainer's WeightLink against muarl's WeightReceiver); the
+vLLM worker the receiver is mixed into is a stand-in in this process (its model, its reload_weights), and so
+is the server's HTTP route (each call made directly on the worker). The whole path into a vLLM server is
+tests/test_vllm.py's."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from muarl.policies.vllm_receiver import WeightReceiver
+from muarl.policies.weight_link import LinkFailed, WeightLink, choose_backend
+
+
+def _gpu(uuid=None, host="node-a", index=0):
+    return {"device": "cuda", "uuid": uuid, "host": host, "cuda_index": index}
+
+
+def test_the_transport_is_nccl_only_between_distinct_gpus():
+    trainer = _gpu("GPU-aaaa", index=0)
+    assert choose_backend(trainer, [_gpu("GPU-bbbb", index=1)]) == "nccl"
+    # a server on the trainer's own GPU (docs/gpu.md's one-GPU layouts): NCCL refuses the pair ("Duplicate GPU")
+    assert choose_backend(trainer, [_gpu("GPU-aaaa", index=0)]) == "gloo"
+    # the same GPU under another CUDA_VISIBLE_DEVICES: another index here, one UUID
+    assert choose_backend(trainer, [_gpu("GPU-aaaa", index=3)]) == "gloo"
+    # other GPUs seen as index 0 by each process (their own CUDA_VISIBLE_DEVICES): the UUIDs tell them apart
+    assert choose_backend(trainer, [_gpu("GPU-bbbb", index=0), _gpu("GPU-cccc", index=0)]) == "nccl"
+    assert choose_backend(trainer, [_gpu("GPU-bbbb"), _gpu("GPU-bbbb")]) == "gloo"  # two workers on one GPU
+    # no UUID: (host, CUDA index)
+    assert choose_backend(_gpu(index=0), [_gpu(index=0)]) == "gloo"
+    assert choose_backend(_gpu(index=0), [_gpu(index=1), _gpu(host="node-b", index=0)]) == "nccl"
+    # an end that does not say which GPU may be on any: gloo
+    assert choose_backend(trainer, [{"device": "cuda"}]) == "gloo"
+    # the CPU on either side
+    assert choose_backend({"device": "cpu"}, [_gpu("GPU-bbbb")]) == "gloo"
+    assert choose_backend(trainer, [_gpu("GPU-bbbb", index=1), {"device": "cpu"}]) == "gloo"
+
+
+class _Worker(WeightReceiver):
+    """A vLLM worker as the receiver sees it: rank, model runner, config, reload_weights."""
+
+    rank = 0
+
+    def __init__(self, fail: bool = False):
+        self.model = torch.nn.Linear(4, 3)
+        self.model_runner = SimpleNamespace(get_model=lambda: self.model)
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
+        self.fail, self.received = fail, {}
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format):
+        if self.fail:
+            raise RuntimeError("the worker's reload failed")
+        self.received.update({name: tensor.clone() for name, tensor in weights_iterator})
+
+
+class _Server:
+    """A server of one worker whose routes are calls on it; ``events`` records its pauses."""
+
+    url = "http://127.0.0.1:1"
+
+    def __init__(self, worker: _Worker, events: list):
+        self.worker, self.events = worker, events
+        self.stats = SimpleNamespace(weight_syncs=0)
+
+    def rpc(self, method: str, **kwargs):
+        return [getattr(self.worker, method)(**kwargs)]
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.events.append(("pause",))
+        try:
+            yield
+        finally:
+            self.events.append(("resume",))
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Every gloo group the link makes records its collectives and aborts (with the member's rank) in the
+    returned list, in order."""
+    events: list = []
+    lock = threading.Lock()
+
+    class Recording(dist.ProcessGroupGloo):
+        def broadcast(self, *args, **kwargs):
+            with lock:
+                events.append(("collective", self.rank()))
+            return super().broadcast(*args, **kwargs)
+
+        def abort(self):
+            with lock:
+                events.append(("abort", self.rank()))
+            return super().abort()
+
+    monkeypatch.setattr(dist, "ProcessGroupGloo", Recording)
+    return events
+
+
+def _weights():
+    torch.manual_seed(0)
+    return [("weight", torch.randn(3, 4)), ("bias", torch.randn(3))]
+
+
+def test_the_link_is_built_when_it_opens_not_inside_the_first_pause(recorded):
+    worker = _Worker()
+    link = WeightLink.open([_Server(worker, recorded)])
+    try:
+        assert link is not None and link.backend == "gloo"  # this machine's CPU: no GPU on either end
+        opened = list(recorded)
+        # both ends ran a collective on the group before any sync: NCCL's communicator is built there
+        assert {("collective", 0), ("collective", 1)} <= set(opened) and ("pause",) not in opened, opened
+        assert link.send(_weights()) > 0
+        first_pause = recorded.index(("pause",))
+        assert set(recorded[:first_pause]) == {("collective", 0), ("collective", 1)}, recorded
+        for name, tensor in _weights():
+            assert torch.equal(worker.received[name], tensor), name
+    finally:
+        link.close()
+    assert {("abort", 0), ("abort", 1)} <= set(recorded)  # a closed link's group is ended on both ends
+
+
+def test_a_failed_link_is_aborted_before_it_is_dropped(recorded):
+    link = WeightLink.open([_Server(_Worker(fail=True), recorded)])
+    try:
+        with pytest.raises(LinkFailed, match="the worker's reload failed"):
+            link.send(_weights())
+        # the trainer's end is aborted by the failure itself, before anything drops or reopens the link
+        assert link.broken and ("abort", 0) in recorded, recorded
+    finally:
+        link.close()
