@@ -285,3 +285,19 @@ def test_an_engine_episode_on_qwen3_keeps_the_sampled_ids_and_appends_each_messa
     trained = sum(traj.loss_mask)
     assert trained >= agent_turns and len(traj.logprobs) == len(traj.token_ids)
     assert all("think>" not in m.content for m in traj.messages if m.role == "assistant")
+
+
+@pytest.mark.parametrize("think", [False, True], ids=["non-thinking", "thinking"])
+def test_sft_tokenizes_a_qwen3_conversation_as_an_episode_builds_it(qwen3_tok, think):
+    """Cold-start data on Qwen3: the same stream as an episode's (every message once), loss on the agent's
+    turns alone, each trained span ending in the end-of-turn token."""
+    from muarl.train.data import tokenize_conversation
+
+    chat = ChatFormat(qwen3_tok, SPECS, thinking=think)
+    example = tokenize_conversation(chat, CONVERSATION[:-1])
+    text = qwen3_tok.decode(example.ids, skip_special_tokens=False)
+    full = chat.render(CONVERSATION[:-1]).removesuffix("\n")  # the data ends at the last end-of-turn token
+    assert _THINK_BLOCK.sub("", text) == _THINK_BLOCK.sub("", full)
+    trained = [i for i, m in zip(example.ids, example.mask, strict=True) if m]
+    assert trained.count(qwen3_tok.convert_tokens_to_ids("<|im_end|>")) == 7
+    assert "a@b.com<|im_end|>" not in qwen3_tok.decode(trained, skip_special_tokens=False)
