@@ -11,16 +11,28 @@ Why not wrap the model in ``DistributedDataParallel``: DDP all-reduces at every 
 with different numbers of micro-batches (episodes differ in length and count per rank) would deadlock or
 need dummy passes, and the rollout engine needs the bare model anyway. One explicit all-reduce after the
 last micro-batch is simpler and exact.
+
+The process group waits :func:`group_timeout` for a collective (:data:`GROUP_TIMEOUT_S`, two hours, unless
+``MUARL_DIST_TIMEOUT`` gives seconds), not torch's default (NCCL's 10 minutes): ranks wait in a collective
+for rank 0's rollouts under ``--max-staleness`` and for the slowest rank's episodes every step, longer than
+10 minutes on a real task, and NCCL's watchdog would kill the run for it.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+#: how long a rank waits in a collective before the group gives up: longer than any step's rollouts or
+#: update (NCCL's own default, 10 minutes, is shorter than a step's episodes on a real task)
+GROUP_TIMEOUT_S = 2 * 3600.0
+#: the environment variable that sets it, in seconds
+GROUP_TIMEOUT_ENV = "MUARL_DIST_TIMEOUT"
 
 
 @dataclass
@@ -122,24 +134,52 @@ def backend(device_type: str, offload: bool = False) -> str:
     return "cpu:gloo,cuda:nccl" if offload else "nccl"
 
 
+def group_timeout() -> datetime.timedelta:
+    """How long the process group waits for a collective: ``MUARL_DIST_TIMEOUT`` seconds, else
+    :data:`GROUP_TIMEOUT_S` (two hours). A wrong value is refused in one line naming the variable."""
+    value = os.environ.get(GROUP_TIMEOUT_ENV, "").strip()
+    if not value:
+        return datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{GROUP_TIMEOUT_ENV} must be a number of seconds above 0, not {value!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def compute_device(model: Any, dist: Dist | None = None) -> torch.device:
+    """The device ``model``'s forwards compute on, where their inputs and autocast go: the run's, ``dist.device``
+    (what :func:`setup` chose), when ``dist`` is given; else its first parameter's (a model used outside a run
+    computes where it sits). In a run never the parameters': under ``--fsdp-offload`` they stay in CPU memory
+    while FSDP gathers them onto the GPU for every forward."""
+    if dist is not None:
+        return dist.device
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def setup(device: str | None = None, group: bool = False, offload: bool = False) -> Dist:
     """Join the process group when launched for several processes; pick the device.
 
     ``device`` None means CUDA when there is one (the rank's own GPU), else the CPU. ``group``: a process
     group even for one process (a sharded run's collectives need one; its checkpoints then load on any
-    number of ranks). ``offload``: the group also carries CPU tensors on GPUs (:func:`backend`).
+    number of ranks). ``offload``: the group also carries CPU tensors on GPUs (:func:`backend`). The group
+    waits :func:`group_timeout` for a collective.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    timeout = group_timeout()
     if world <= 1:
         chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if group and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group(backend(chosen.type, offload),
-                                                 store=torch.distributed.HashStore(), rank=0, world_size=1)
+            torch.distributed.init_process_group(backend(chosen.type, offload), store=torch.distributed.HashStore(),
+                                                 rank=0, world_size=1, timeout=timeout)
         return Dist(0, 1, chosen)
     from accelerate import PartialState
 
     cpu = device == "cpu" or not torch.cuda.is_available()
-    state = PartialState(cpu=cpu, **({} if cpu else {"backend": backend("cuda", offload)}))
+    state = PartialState(cpu=cpu, timeout=timeout, **({} if cpu else {"backend": backend("cuda", offload)}))
     if not torch.distributed.is_initialized():
         raise RuntimeError("WORLD_SIZE > 1 but no process group could be initialised")
     dev = state.device if state.device.type != "cpu" else torch.device("cpu")

@@ -12,17 +12,18 @@ from typing import Any
 import torch
 
 from muarl.train import autocast
-from muarl.train.distributed import Dist
+from muarl.train.distributed import Dist, compute_device
 from muarl.train.grpo_config import GRPOConfig
 from muarl.train.sharding import decoder, idle_passes, pass_count
 from muarl.train.shared_prefix import MIN_PREFIX, Prefix, common_prefix, hidden_after_prefix, record_prefix
-from muarl.train.weights import causal_lm, reference_mode, trainable_parameters
+from muarl.train.weights import causal_lm, reference_mode
 from muarl.types import Trajectory
 
 
 def batch_logprobs(model: Any, sequences: list[list[int]], temperature: float,
                    masks: list[list[int]] | None = None,
-                   prefix: Prefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   prefix: Prefix | None = None,
+                   device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probabilities of several sequences in one forward pass, and each prediction's entropy.
 
     Returns two [sequences, longest] tensors (0 where a position is not scored or is padding). Rows are
@@ -31,10 +32,12 @@ def batch_logprobs(model: Any, sequences: list[list[int]], temperature: float,
     states that predict agent tokens only, a few percent of these conversations, so the vocabulary-sized
     logits are never built for the long prompt. ``prefix``: the sequences' shared opening, already run
     (:mod:`muarl.train.shared_prefix`); only what follows it is computed here. Works on a plain causal
-    LM and on a peft (LoRA) model.
+    LM and on a peft (LoRA) model. ``device``: where the forward computes, the run's
+    (:func:`~muarl.train.distributed.compute_device`; under ``--fsdp-offload`` not the parameters', which
+    stay on the CPU); None: the parameters'.
     """
     lm = causal_lm(model)
-    device = next(lm.parameters()).device
+    device = device if device is not None else compute_device(lm)
     start = len(prefix) if prefix is not None else 0
     if prefix is not None and any(seq[:start] != prefix.tokens for seq in sequences):
         raise ValueError("every sequence must start with the shared prefix it is scored against")
@@ -63,9 +66,10 @@ def batch_logprobs(model: Any, sequences: list[list[int]], temperature: float,
 
 
 def sequence_logprobs(model: Any, ids: list[int], temperature: float,
-                      mask: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      mask: list[int] | None = None,
+                      device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`batch_logprobs` of one sequence: its [length] log-probabilities and entropies."""
-    full, ent = batch_logprobs(model, [ids], temperature, None if mask is None else [mask])
+    full, ent = batch_logprobs(model, [ids], temperature, None if mask is None else [mask], device=device)
     return full[0], ent[0]
 
 
@@ -93,10 +97,11 @@ def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory,
                        config: GRPOConfig, dist: Dist | None = None) -> list[torch.Tensor]:
     """The frozen reference's log-probs of each of ``batch``'s sequences (0 where a token is not scored).
 
-    The shared opening is run once for the whole batch; each micro-batch runs only what follows it.
+    The shared opening is run once for the whole batch; each micro-batch runs only what follows it. The
+    forwards compute on the run's device (``dist``'s; :func:`~muarl.train.distributed.compute_device`).
     """
-    params = trainable_parameters(model)
-    precision = autocast(config.bf16, params[0].device if params else torch.device("cpu"))
+    device = compute_device(model, dist)
+    precision = autocast(config.bf16, device)
     ref: list[torch.Tensor] = [torch.zeros(0)] * len(batch)
     opening = shared_opening([t for t, _ in batch], config)
     with torch.no_grad(), reference_mode(model, reference) as scorer:
@@ -108,12 +113,11 @@ def reference_logprobs(model: Any, reference: Any, batch: list[tuple[Trajectory,
             passes = pass_count(scorer, len(parts), dist) if dist is not None else len(parts)
             for part in parts:
                 scored = batch_logprobs(scorer, [batch[i][0].token_ids for i in part], config.temperature,
-                                        [batch[i][0].loss_mask for i in part], prefix)[0]
+                                        [batch[i][0].loss_mask for i in part], prefix, device)[0]
                 for row, i in enumerate(part):
                     ref[i] = scored[row, :len(batch[i][0].token_ids)]
             if passes > len(parts):  # a sharded scorer: as many passes as the busiest rank
-                idle_passes(scorer, len(parts), passes, params[0].device if params else torch.device("cpu"),
-                            backward=False)
+                idle_passes(scorer, len(parts), passes, device, backward=False)
         scorer.train(was_training)
         lm = causal_lm(scorer)
         if hasattr(lm, "reshard"):  # a sharded root stays gathered after a forward (for a backward that never comes)

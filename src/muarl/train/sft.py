@@ -22,7 +22,7 @@ from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record, untrained_turns
 from muarl.train import RunSettings, autocast, from_preset, make_optimizer
 from muarl.train.data import Example, tokenize_conversation
-from muarl.train.distributed import setup
+from muarl.train.distributed import compute_device, setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.memory import peak_memory, unmap_large_frees
 from muarl.train.packing import collate, plan_rows, token_loss
@@ -143,8 +143,10 @@ def accumulate_gradients(model: Any, examples: list[Example], targets: int, max_
     (one row per forward pass, so memory is bounded by a row); each row's summed loss is divided by
     ``targets``, the whole step's target count, so the accumulated gradient is the step's token-mean.
     A sharded model runs as many passes on every rank (``dist``; :func:`~muarl.train.sharding.idle_passes`).
-    Returns (summed loss, summed padding fraction of the rows, the rows)."""
-    device = next(model.parameters()).device
+    The rows go to the run's device (``dist``'s; :func:`~muarl.train.distributed.compute_device`), not the
+    parameters' (under ``--fsdp-offload`` those stay on the CPU). Returns (summed loss, summed padding
+    fraction of the rows, the rows)."""
+    device = compute_device(model, dist)
     max_len = max([max_len, *(len(e) for e in examples)]) if examples else max_len
     rows = plan_rows([len(e) for e in examples], max_len) if packing else [[i] for i in range(len(examples))]
     passes = pass_count(model, len(rows), dist) if dist is not None else len(rows)
@@ -207,7 +209,7 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
         history = state["metrics"]
     trackers = Trackers(run.out, config.report_to, asdict(config), history, enabled=dist.main, name="sft")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    precision = autocast(config.bf16, params[0].device)
+    precision = autocast(config.bf16, dist.device)  # the run's device: offloaded parameters sit on the CPU
     try:
         with _bar(progress and dist.main, total_steps, run.start_step) as advance:
             for step in range(run.start_step, total_steps):
