@@ -55,9 +55,10 @@ def test_smoke_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     assert page.count('<img src="data:image/png;base64,') == 3  # each plot inlined
     assert "cold start" in done.stdout and "after RL" in done.stdout and "95% interval" in done.stdout
     table = [line for line in done.stdout.splitlines() if "│" in line]
-    at = next(i for i, line in enumerate(table) if "success (pass^1)" in line)
-    assert "fault rate: policy / user / tool" in table[at + 1]  # beside success, T = 1 and then T = 0
-    assert "success (pass^1), T = 0" in table[at + 2] and "fault rate: policy / user / tool, T = 0" in table[at + 3]
+    at = next(i for i, line in enumerate(table) if line.startswith("│ pass^1 "))
+    assert [table[at + i].split("│")[1].strip() for i in range(8)] == [  # T = 1, then T = 0, faults by party
+        "pass^1", "policy faults", "user faults", "tool faults",
+        "pass^1, T = 0", "policy faults, T = 0", "user faults, T = 0", "tool faults, T = 0"]
 
     # a rerun finds every stage done: nothing is trained or played again and the summary is the same
     files = ["grpo/metrics.jsonl", "eval-sft/trajectories.jsonl", "eval-rl/trajectories.jsonl",

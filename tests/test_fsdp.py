@@ -139,10 +139,10 @@ def _exports_equal_the_run(tmp_path: Path, start: dict, lora: int) -> None:
         assert first.keys() == run.keys() and any((first[k] != run[k]).any() for k in run)
     else:
         held = load_file(tmp_path / "grpo1" / "checkpoints" / "step_1" / "model" / "model.safetensors")
-        assert_same_step(start, held, load_file(tmp_path / "export1" / "model" / "model.safetensors"))
-        last, run = _weights(tmp_path / "export2"), _weights(tmp_path / "grpo2")
+        assert_same_step(start, held, load_file(tmp_path / "export1" / "model.safetensors"))
+        last, run = load_file(tmp_path / "export2" / "model.safetensors"), _weights(tmp_path / "grpo2")
         assert last.keys() == run.keys() and all((last[k] == run[k]).all() for k in run)
-    model, _ = load(tmp_path / "export1" / "model")
+    model, _ = load(tmp_path / "export1")
     assert sum(p.numel() for p in model.parameters()) > 0
 
 

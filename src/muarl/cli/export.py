@@ -13,8 +13,9 @@ HELP = "write a run's checkpoint (any step, sharded or not) as an ordinary Huggi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path, help="RUN/checkpoints/step_N of an sft or grpo run, or RUN (its newest)")
     p.add_argument("--out", type=Path, required=True,
-                   help="the directory to write: DIR/model (a LoRA run: DIR/adapter too, DIR/model merged unless "
-                        "the run had --no-merge-lora)")
+                   help="the directory to write, new or empty: a Hugging Face checkpoint at DIR itself (hf:DIR, "
+                        "vllm serve DIR); a LoRA run's adapter in DIR/adapter, DIR the merged model unless the run "
+                        "had --no-merge-lora")
 
 
 def run(args: argparse.Namespace) -> int:

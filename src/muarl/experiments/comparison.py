@@ -129,20 +129,38 @@ def table_title(split: str, temperature: float, greedy: bool) -> str:
             + (f" (T = {temperature:g} unless marked T = 0)" if greedy else ""))
 
 
+#: the console table's names for :data:`ROWS` (the report page keeps the long ones): short enough that a row
+#: is one line at 80 columns; "faults" becomes one row per party
+CONSOLE_NAMES = {"success (pass^1)": "pass^1", "success within the policy (no violation)": "compliant success",
+                 "malformed calls / episode": "malformed/episode", "user slips (muarl.users.slips)": "user slips"}
+PARTIES = ("policy", "user", "tool")
+
+
 def table(before: dict[str, Any], after: dict[str, Any], k: int, comparison: dict[str, Any] | None = None,
           greedy: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None,
           temperature: float = 1.0, split: str = "test") -> Table:
     """Cold start vs after RL, metric by metric, with the paired 95% interval of the change where known;
     ``greedy`` (before, after, comparison at T = 0) adds the greedy success and faults right below the
-    sampled ones, so the two read side by side (:func:`table_rows`)."""
+    sampled ones, so the two read side by side (:func:`table_rows`). Laid out for an 80-column terminal:
+    short names (:data:`CONSOLE_NAMES`), a fault row per party, and the interval beside the change in one
+    cell (``+0.145 [+0.055, +0.240]``), so that every row is one line."""
     from muarl.report.comparison import format_difference, format_value
 
     t = Table(title=table_title(split, temperature, greedy is not None))
-    for col in ("metric", "cold start", "after RL", "change", "95% interval"):
+    for col in ("metric", "cold start", "after RL", "change [95% interval]"):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for row in table_rows(before, after, k, comparison, greedy):
-        t.add_row(row["metric"], *(format_value(row["values"][arm]) for arm in ARMS),
-                  *format_difference(row["differences"][0]))
+        label, greedy_mark = row["metric"], ""
+        if label.endswith(", T = 0"):
+            label, greedy_mark = label.removesuffix(", T = 0"), ", T = 0"
+        change, interval = format_difference(row["differences"][0])
+        if label.startswith("fault rate:"):  # "a / b / c" per arm: one row per party
+            values = [str(row["values"][arm]).split(" / ") for arm in ARMS]
+            for i, party in enumerate(PARTIES):
+                t.add_row(f"{party} faults{greedy_mark}", *(v[i] for v in values), change.split(" / ")[i])
+            continue
+        t.add_row(CONSOLE_NAMES.get(label, label) + greedy_mark, *(format_value(row["values"][arm]) for arm in ARMS),
+                  f"{change} {interval}".strip())
     return t
 
 

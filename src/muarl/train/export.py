@@ -3,15 +3,18 @@
 A sharded run's checkpoint (``--fsdp``) holds each rank's shards in torch.distributed.checkpoint's format,
 which ``hf:`` and ``vllm:`` cannot read; only the run's last step is written whole (``out/model``). Here
 the shards of any step, saved by any number of ranks, are read in one process without a process group
-(DCP's ``no_dist``) into a model built from the run's own config, and written as the run's result would
-have been. An unsharded checkpoint already holds the weights (or adapter): it is loaded as a resumed run
-would load it and written the same way. The checkpoint is verified against its manifest first, and
+(DCP's ``no_dist``) into a model built from the run's own config, and written as a Hugging Face checkpoint
+at the directory named (the model there, a LoRA run's adapter in its ``adapter/``). An unsharded
+checkpoint already holds the weights (or adapter): it is loaded as a resumed run would load it and
+written the same way. The checkpoint is verified against its manifest first, and
 nothing in it is written.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -81,9 +84,11 @@ def load_checkpoint(checkpoint: Path, config: Any) -> tuple[Any, Any]:
 
 
 def export(path: Path, out: Path) -> Path:
-    """Write the checkpoint at ``path`` (or a run directory's newest) to ``out`` as the run's result would
-    be: ``out/model`` (LoRA: ``out/adapter`` too, and ``out/model`` merged unless the run said
-    ``--no-merge-lora``). Returns what ``hf:`` should load."""
+    """Write the checkpoint at ``path`` (or a run directory's newest) as a Hugging Face checkpoint at ``out``
+    itself, what ``hf:out`` and ``vllm serve out`` load: the model (a LoRA run's merged into its base) in
+    ``out``, a LoRA run's adapter in ``out/adapter`` beside it (only that where the run said
+    ``--no-merge-lora``). ``out`` must be new or empty; it is written whole or not at all (the files are
+    written beside it and moved in). Returns what ``hf:`` should load."""
     from muarl.train.weights import save_final
 
     checkpoint, run = find_checkpoint(path)
@@ -91,8 +96,23 @@ def export(path: Path, out: Path) -> Path:
     if checkpoint.resolve() == out.resolve() or checkpoint.resolve() in out.resolve().parents:
         raise ValueError(f"--out {out} is inside the checkpoint being exported (nothing muarl reads is written): "
                          "choose a directory of its own")
-    if (out / "model").exists() or (out / "adapter").exists():
-        raise FileExistsError(f"{out} already holds an exported model: choose another --out or remove it")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} already exists and is not an empty directory (an exported model?): choose "
+                              "another --out or remove it")
     config = SimpleNamespace(**json.loads((run / "config.json").read_text()))
     model, tokenizer = load_checkpoint(checkpoint, config)
-    return save_final(out, model, tokenizer, getattr(config, "merge_lora", True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        written = save_final(staging, model, tokenizer, getattr(config, "merge_lora", True))
+        whole = staging / "model"  # the run's layout (OUT/model, OUT/adapter) folded into one directory
+        if not whole.is_dir():  # an unmerged LoRA run: the adapter only
+            whole.mkdir()
+        if (staging / "adapter").is_dir():
+            (staging / "adapter").rename(whole / "adapter")
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        whole.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / "adapter" if written.name == "adapter" else out
