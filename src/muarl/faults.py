@@ -10,9 +10,12 @@ Whose fault it was decides how the metrics treat it (:func:`counts_against_polic
 says nothing about the agent (the simulator or the tool server broke), so evaluation leaves it out of the
 success metrics. A policy fault is the agent under evaluation breaking (it raised, returned garbage or
 ran past its time limit): a policy that breaks on the hard tasks must not score as if they did not
-exist, so it counts as a failure (reward 0) in every metric. GRPO masks every kind from the gradient (a
-faulted episode's tokens are not a sample of the policy's behaviour to learn from), and everything counts
-faults by kind (:func:`fault_rates`) so nothing is hidden.
+exist, so it counts as a failure (reward 0) in every metric. GRPO treats the kinds the same way
+(:func:`muarl.train.orchestrator.masks`): ``mask_sim_faults`` masks a user or tool fault from the gradient
+and from its group's mean and standard deviation (its tokens are not a sample of the policy's behaviour to
+learn from), and a group left with fewer than two members that count trains nothing (``groups_too_small``);
+a policy fault is not masked but trains as the agent's failure (reward 0). Everything counts faults by kind
+(:func:`fault_rates`) so nothing is hidden.
 
 Kinds name the party and whether it broke or ran out of time: ``user``, ``user_timeout``, ``policy``,
 ``policy_timeout``, ``tool``, ``tool_timeout``. User faults also set :attr:`Trajectory.sim_fault` (the

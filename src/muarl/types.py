@@ -221,7 +221,8 @@ class Trajectory(_Model):
         """What spoiled the episode, if anything the agent did not do (see :mod:`muarl.faults`): the kind
         recorded in ``metadata["fault"]`` (user, user_timeout, policy, policy_timeout, tool, tool_timeout),
         else "user" for a simulator fault and "tool" for a tool-server fault; None for a clean episode.
-        Evaluation leaves such episodes out of the success metrics and GRPO out of the gradient."""
+        Evaluation leaves user and tool faults out of the success metrics, and GRPO out of the gradient and
+        their group's baseline; a policy fault counts as the agent's failure (reward 0) in both."""
         recorded = self.metadata.get("fault")
         if isinstance(recorded, dict) and recorded.get("kind"):
             return str(recorded["kind"])

@@ -92,7 +92,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             got = rollouts.next_step(step)
             groups = got.groups
             require_unfaulted((t for g in groups for t in g), f"GRPO step {step + 1}")
-            advantages, batch = got.batch(algorithm)  # from every member's reward; masked ones then left out
+            advantages, batch = got.batch(algorithm)  # over the members that count (no simulator fault)
             trained = got.trained()
             stats, ref_s, update_s = {}, 0.0, 0.0
             if batch:
