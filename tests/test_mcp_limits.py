@@ -18,8 +18,10 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,16 +53,24 @@ class Served:
 
 @contextlib.contextmanager
 def _serve(tmp: Path, *extra: str, host: str = "127.0.0.1", env: dict[str, str] | None = None,
-           command: list[str] | None = None, port: int | None = None) -> Iterator[Served]:
+           command: list[str] | None = None, port: int | None = None, nofile: int | None = None) -> Iterator[Served]:
     """A server process on a free port of ``host`` (``muarl serve-mcp retail --transport http`` unless
-    ``command``, listening on ``port``, says otherwise), its stderr in a file; stopped with SIGINT afterwards."""
+    ``command``, listening on ``port``, says otherwise; at ``ulimit -n nofile`` if given), its stderr in a
+    file; stopped with SIGINT afterwards."""
     port = port or free_port(host)
     log = tmp / f"server-{port}.log"
     base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}
+
+    def limit_files() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
     with log.open("w") as err:
         proc = subprocess.Popen(command or [PY, "-m", "muarl", "serve-mcp", "retail", "--transport", "http",
                                             "--host", host, "--port", str(port), *extra],
-                                stderr=err, text=True, env={**base, **(env or {})})
+                                stderr=err, text=True, env={**base, **(env or {})},
+                                preexec_fn=limit_files if nofile else None)
     served = Served(f"http://{host}:{port}/mcp", proc, log)
     try:
         wait_listening(proc, host, port, served.stderr)
@@ -87,10 +97,23 @@ async def _status(client: Any, order: dict[str, str], meta: dict[str, str] | Non
     return json.loads(text(result))["status"]
 
 
-async def _refused(url: str) -> str:
-    """Why a new connection was refused ('' if it was not)."""
+@contextlib.asynccontextmanager
+async def _connect_from(url: str, local: str) -> Any:
+    """A plain SDK client's connection (one MCP session) from the source address ``local`` (any of 127/8
+    reaches a server on 127.0.0.1)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(local_address=local))
+    async with http, Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+        yield client
+
+
+async def _refused(url: str, local: str | None = None) -> str:
+    """Why a new connection (from ``local``, if given) was refused ('' if it was not)."""
     try:
-        async with connect(url) as client:
+        async with connect(url) if local is None else _connect_from(url, local) as client:
             await client.list_tools()
     except Exception as err:  # noqa: BLE001 - whatever the SDK raises for a refused handshake
         while isinstance(getattr(err, "exceptions", None), tuple):  # anyio's exception groups, to the cause
@@ -121,20 +144,21 @@ def test_at_max_sessions_new_sessions_are_refused_and_live_ones_keep_their_datab
                     assert "Too many open sessions" in await _refused(url)
                 assert not await _refused(url)  # third's DELETE freed its place
 
-    with _serve(tmp_path, "--max-sessions", "3") as served:
+    with _serve(tmp_path, "--max-sessions", "3", "--max-sessions-per-client", "3") as served:  # all on 127.0.0.1
         asyncio.run(scenario(served.url))
 
 
 def test_idle_sessions_expire_and_free_their_place(tmp_path: Path, retail: Domain) -> None:
-    """--max-sessions 1 --idle-timeout 2: a second client is refused while the first is active, and gets in
-    (with a fresh database) once the first has been idle for longer than the timeout."""
+    """--max-sessions 1 --idle-timeout 2: a second client (from another address, so that the first's idle
+    session does not make room for it) is refused while the first is active, and gets in (with a fresh
+    database) once the first has been idle for longer than the timeout."""
     cancel, order = _cancel_task(retail)
 
     async def scenario(url: str) -> None:
         async with contextlib.AsyncExitStack() as stack:
             idle = await stack.enter_async_context(connect(url))
             assert not (await idle.call_tool(cancel.name, cancel.arguments)).is_error
-            assert "Too many open sessions" in await _refused(url)
+            assert "Too many open sessions" in await _refused(url, "127.0.0.2")
             await asyncio.sleep(3.5)
             async with connect(url) as late:
                 assert await _status(late, order) == "pending"  # its own database, the idle one's is gone
@@ -301,7 +325,8 @@ SHORT = "short-token"
 
 
 @pytest.mark.parametrize("case", ["127.0.0.2", "0:0:0:0:0:0:0:1", "short bearer", "short control",
-                                  "writable token file", "0644 token file", "0640 token file", "max-sessions 0"])
+                                  "writable token file", "0644 token file", "0640 token file", "max-sessions 0",
+                                  "max-sessions-per-client 0", "max-connections beyond ulimit", "header-timeout 0"])
 def test_refused_at_start_in_one_line(case: str, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(AUTH)
@@ -316,6 +341,9 @@ def test_refused_at_start_in_one_line(case: str, tmp_path: Path) -> None:
                             "file (mode 0644)"),
         "0640 token file": (["--auth-token-file", str(token_file)], {}, f"'chmod 600 {token_file}'"),
         "max-sessions 0": (["--max-sessions", "0"], {}, "--max-sessions 0"),
+        "max-sessions-per-client 0": (["--max-sessions-per-client", "0"], {}, "--max-sessions-per-client 0: give"),
+        "max-connections beyond ulimit": (["--max-connections", "100000000"], {}, "(ulimit -n)"),
+        "header-timeout 0": (["--header-timeout", "0"], {}, "--header-timeout 0: give a positive"),
     }[case]
     base = {k: v for k, v in os.environ.items() if not k.startswith("MUARL_MCP_")}
     try:
@@ -418,3 +446,332 @@ def test_a_sessionless_clients_own_idle_id_makes_room_and_no_one_elses() -> None
     assert envs.resolve(None, b, "10.0.0.2") == (b, b)
     with pytest.raises(SessionRefused, match="unknown session id"):
         envs.resolve(None, b, "10.0.0.1")
+
+
+# -- issue 60, item 4: bounded per client address; connections, read timeouts and the log bounded -----------
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "flood", "version": "0"}}}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+def _handshakes(url: str, local: str, n: int) -> list[tuple[int, str | None, str]]:
+    """``n`` initialize handshakes from the source address ``local``, never closed: (status, session id, body)."""
+    import httpx2
+
+    with httpx2.Client(transport=httpx2.HTTPTransport(local_address=local), timeout=30) as http:
+        answers = []
+        for _ in range(n):
+            reply = http.post(url, json=INIT, headers=ACCEPT)
+            answers.append((reply.status_code, reply.headers.get("mcp-session-id"), reply.text))
+        return answers
+
+
+def _ping(url: str, local: str, session: str) -> int:
+    """The status of a ping in ``session``, sent from ``local`` (404 once the session is closed)."""
+    import httpx2
+
+    with httpx2.Client(transport=httpx2.HTTPTransport(local_address=local), timeout=30) as http:
+        return http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers={
+            **ACCEPT, "mcp-session-id": session, "mcp-protocol-version": "2025-06-18"}).status_code
+
+
+def _grown(served: Served, start: int) -> str:
+    """What the server logged since ``start`` characters, once it is checked for what must not be there."""
+    grown = served.stderr()[start:]
+    assert "Traceback" not in grown and "Too many open files" not in grown.replace(
+        "cannot accept connections: [Errno 24] Too many open files", ""), grown[:2000]
+    return grown
+
+
+def test_a_handshake_flood_from_four_addresses_locks_no_one_out(tmp_path: Path, retail: Domain) -> None:
+    """--max-sessions 32 (4 per address): four addresses open 40 initialize handshakes each and never close
+    them (160, five times the table). Each address gets its 4 sessions and 503 for the rest, a live
+    session keeps its database, and a newcomer connects and gets one of its own; the log grows by a line
+    or two. Before, the flood filled the SDK's table and every new client got 503 `Too many open sessions`
+    for the idle timeout (muarl's own client, `mcp:retail@URL`, included)."""
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(url: str) -> None:
+        async with connect(url) as live:
+            assert not (await live.call_tool(cancel.name, cancel.arguments)).is_error
+            flood = await asyncio.gather(*(asyncio.to_thread(_handshakes, url, f"127.0.0.{i}", 40)
+                                           for i in range(2, 6)))
+            for answers in flood:
+                assert [status for status, _, _ in answers].count(200) == 4, [a[:2] for a in answers]
+                refused = [body for status, _, body in answers if status == 503]
+                assert len(refused) == 36 and "Too many open sessions from this address" in refused[0], refused[:1]
+            assert await _status(live, order) == "cancelled"  # the live session kept its database
+            async with connect(url) as newcomer:
+                assert await _status(newcomer, order) == "pending"
+
+    with _serve(tmp_path, "--max-sessions", "32") as served:
+        start = len(served.stderr())
+        asyncio.run(scenario(served.url))
+        grown = _grown(served, start)
+        assert grown.count("\n") <= 4 and len(grown) < 2048, grown
+
+
+def test_an_addresss_own_idle_session_makes_room_for_its_next(tmp_path: Path) -> None:
+    """--max-sessions 16 --idle-timeout 10 (2 sessions per address; an own session unused for 1 s makes
+    room): at its bound an address's next handshake closes its own least recently used idle session, never
+    one in use and never another address's."""
+    with _serve(tmp_path, "--max-sessions", "16", "--idle-timeout", "10") as served:
+        url = served.url
+        [(_, other, _)] = _handshakes(url, "127.0.0.3", 1)  # another address's, idle throughout
+        (_, first, _), (_, second, _) = _handshakes(url, "127.0.0.2", 2)
+        assert _handshakes(url, "127.0.0.2", 1)[0][0] == 503  # both were used just now
+        time.sleep(1.5)
+        assert _ping(url, "127.0.0.2", second) == 200  # the second in use, the first idle for 1.5 s
+        status, third, _ = _handshakes(url, "127.0.0.2", 1)[0]
+        assert status == 200 and third, "an address's own idle session did not make room for its next"
+        assert _ping(url, "127.0.0.2", first) == 404  # the idle one was closed for it
+        assert _ping(url, "127.0.0.2", second) == 200
+        assert _handshakes(url, "127.0.0.2", 1)[0][0] == 503  # the two left are in use: refused
+        assert _ping(url, "127.0.0.3", other) == 200  # another address's idle session untouched
+
+
+def test_a_sessionless_flood_from_five_addresses_locks_no_newcomer_out(tmp_path: Path, retail: Domain) -> None:
+    """--max-sessions 16 (2 ids per address, 8 for all clients without a connection): five addresses flood
+    ``new``. The first four take the session-less half, the fifth still gets its first id, and so does a
+    newcomer from a sixth; a connected client's live session keeps its database and a connected newcomer
+    gets one. Before, the four filled the half and every session-less newcomer was refused."""
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(url: str) -> None:
+        async with connect(url) as live:
+            assert not (await live.call_tool(cancel.name, cancel.arguments)).is_error
+            held = []
+            for i in range(2, 7):
+                async with _sessionless(url, f"127.0.0.{i}") as stranger:
+                    answers = [await stranger.call_tool("get_order_details", order, meta={"muarl/session": "new"})
+                               for _ in range(6)]
+                    held.append(sum(not a.is_error for a in answers))
+            assert held == [2, 2, 2, 2, 1], held
+            async with _sessionless(url, "127.0.0.7") as newcomer:
+                opened = await newcomer.call_tool("get_order_details", order, meta={"muarl/session": "new"})
+                assert not opened.is_error, text(opened)
+                mine = {"muarl/session": (opened.meta or {})["muarl/session"]}
+                assert await _status(newcomer, order, mine) == "pending"
+            assert await _status(live, order) == "cancelled"
+            async with connect(url) as late:
+                assert await _status(late, order) == "pending"
+
+    with _serve(tmp_path, "--max-sessions", "16") as served:
+        asyncio.run(scenario(served.url))
+
+
+def _raise_own_file_limit(need: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"this test opens {need} sockets; ulimit -Hn is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _slow_sockets(port: int, n: int, sources: tuple[str, ...], opening: bytes) -> list[Any]:
+    """``n`` connections spread over ``sources`` that send ``opening`` and then nothing (refused ones too)."""
+    socks = []
+    for i in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(sources[i % len(sources)], 0))
+            s.sendall(opening)
+        except OSError:  # refused, reset: a connection the server did not keep
+            continue
+        socks.append(s)
+    return socks
+
+
+def _closed_by_server(socks: list[Any], wait: float) -> int:
+    """How many of ``socks`` the server has closed (read to EOF, or reset) within ``wait`` seconds."""
+    deadline, closed = time.monotonic() + wait, 0
+    for s in socks:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            while s.recv(65536):
+                pass
+            closed += 1
+        except TimeoutError:
+            pass
+        except OSError:
+            closed += 1
+        s.close()
+    return closed
+
+
+def test_slow_connections_at_ulimit_1024_stall_no_session(tmp_path: Path, retail: Domain) -> None:
+    """At ``ulimit -n 1024`` (--max-connections then defaults to 512, 128 per address) with
+    --header-timeout 3: 1,100 connections from two addresses send half a request head and nothing more.
+    Those beyond the limits are answered 503 and closed at once, the rest when the head timeout runs out;
+    the server's open files stay far below the limit, a live session keeps working throughout, a
+    newcomer connects during the flood, and the log grows by a few lines. Before, the server ran out of
+    files (uvicorn keeps such connections for ever): new clients could not connect and every connection
+    waiting in the backlog logged a `Too many open files` traceback (517,421 in 30 s)."""
+    _raise_own_file_limit(4096)
+    cancel, order = _cancel_task(retail)
+    opening = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+    async def scenario(served: Served) -> None:
+        port = int(served.url.split(":")[2].split("/")[0])
+        async with connect(served.url) as live:
+            assert not (await live.call_tool(cancel.name, cancel.arguments)).is_error
+            flood = asyncio.create_task(asyncio.to_thread(_slow_sockets, port, 1100, ("127.0.0.2", "127.0.0.3"),
+                                                          opening))
+            peak = 0
+            while not flood.done():  # the live session calls on while the connections pile up
+                assert await _status(live, order) == "cancelled"
+                peak = max(peak, _open_fds(served.proc.pid))
+                await asyncio.sleep(0.2)
+            socks = await flood
+            peak = max(peak, _open_fds(served.proc.pid))
+            async with connect(served.url) as newcomer:  # during the flood: 256 slow connections are held
+                assert await _status(newcomer, order) == "pending"
+            assert await _status(live, order) == "cancelled"
+            assert peak < 700, f"the server held {peak} files at ulimit -n 1024"
+            closed = await asyncio.to_thread(_closed_by_server, socks, 6.0)
+            assert closed == len(socks), f"{len(socks) - closed} slow connections outlived --header-timeout 3"
+            assert await _status(live, order) == "cancelled"
+
+    with _serve(tmp_path, "--header-timeout", "3", nofile=1024) as served:
+        start = len(served.stderr())
+        asyncio.run(scenario(served))
+        grown = _grown(served, start)
+        assert grown.count("\n") <= 8 and len(grown) < 4096, grown
+
+
+class _RawSession:
+    """An MCP session over one kept-alive socket, spoken by hand: it needs no new connection to go on."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        status, headers, _ = self.post(INIT)
+        assert status == 200, status
+        self.headers = {"mcp-session-id": headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+
+    def post(self, message: dict[str, Any], **headers: str) -> tuple[int, dict[str, str], bytes]:
+        body = json.dumps(message).encode()
+        lines = [b"POST /mcp HTTP/1.1", b"Host: 127.0.0.1", b"content-type: application/json",
+                 b"accept: application/json, text/event-stream", b"content-length: %d" % len(body),
+                 *(f"{k}: {v}".encode() for k, v in headers.items())]
+        self.sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += self.sock.recv(65536) or b"EOF"
+            assert not data.endswith(b"EOF"), data
+        head, _, rest = data.partition(b"\r\n\r\n")
+        status_line, *fields = head.decode("latin-1").split("\r\n")
+        got = {k.lower(): v.strip() for k, _, v in (f.partition(":") for f in fields)}
+        while len(rest) < int(got.get("content-length", 0)):
+            rest += self.sock.recv(65536)
+        return int(status_line.split()[1]), got, rest
+
+    def ping(self) -> float:
+        """Seconds a ping in the session took to be answered."""
+        started = time.monotonic()
+        status, _, _ = self.post({"jsonrpc": "2.0", "id": 2, "method": "ping"}, **self.headers)
+        assert status == 200, status
+        return time.monotonic() - started
+
+
+def test_the_accept_error_is_logged_once_per_interval(tmp_path: Path, retail: Domain) -> None:
+    """The server's file limit lowered under it (prlimit) to 40 files more than it holds, then 400
+    connections that send nothing: the connections it cannot accept are one line per 10 s in the log
+    (`cannot accept connections: [Errno 24] Too many open files`), not a traceback per connection; a live
+    session on a kept-alive connection is answered throughout, and once files are free again a live SDK
+    client goes on and a newcomer connects. Before, each connection waiting in the backlog logged a
+    traceback (thousands a second)."""
+    import resource
+
+    _raise_own_file_limit(2048)
+    cancel, order = _cancel_task(retail)
+
+    async def scenario(served: Served) -> None:
+        pid, port = served.proc.pid, int(served.url.split(":")[2].split("/")[0])
+        async with connect(served.url) as live:
+            assert not (await live.call_tool(cancel.name, cancel.arguments)).is_error
+            kept = _RawSession(port)
+            hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (_open_fds(pid) + 40, hard))
+            try:
+                socks = await asyncio.to_thread(_slow_sockets, port, 400, ("127.0.0.2",), b"")
+                waits = []
+                for _ in range(10):  # 2 s of accept errors
+                    waits.append(kept.ping())
+                    await asyncio.sleep(0.2)
+                assert max(waits) < 2.0, waits
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (4096, hard))
+            for s in socks:
+                s.close()
+            assert await _status(live, order) == "cancelled"
+            async with connect(served.url) as newcomer:
+                assert await _status(newcomer, order) == "pending"
+
+    with _serve(tmp_path) as served:
+        start = len(served.stderr())
+        asyncio.run(scenario(served))
+        grown = _grown(served, start)
+        said = grown.count("cannot accept connections: [Errno 24] Too many open files")
+        assert 1 <= said <= 2 and len(grown) < 4096, grown
+
+
+def test_a_long_host_header_is_logged_cut_short(tmp_path: Path, retail: Domain) -> None:
+    """200 requests with a 65,000-character Host header: each is refused (421), and the log grows by one
+    line cut to 300 characters (and one that counts the rest), not by 13 MB; a live session works on."""
+    cancel, order = _cancel_task(retail)
+    body = json.dumps(INIT).encode()
+    request = (b"POST /mcp HTTP/1.1\r\nHost: " + b"h" * 65000 + b"\r\ncontent-type: application/json\r\n"
+               b"accept: application/json, text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+    def send(port: int) -> list[bytes]:
+        answers = []
+        for _ in range(200):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(request)
+                answers.append(s.recv(64).split(b"\r\n")[0])
+        return answers
+
+    async def scenario(served: Served) -> None:
+        async with connect(served.url) as live:
+            assert not (await live.call_tool(cancel.name, cancel.arguments)).is_error
+            answers = await asyncio.to_thread(send, int(served.url.split(":")[2].split("/")[0]))
+            assert set(answers) == {b"HTTP/1.1 421 Misdirected Request"}, set(answers)
+            assert await _status(live, order) == "cancelled"
+
+    with _serve(tmp_path) as served:
+        start = len(served.stderr())
+        asyncio.run(scenario(served))
+        grown = _grown(served, start)
+        assert len(grown) < 2048 and "characters cut" in grown, grown[:500]
+
+
+def test_a_slow_request_head_or_body_is_closed_after_its_timeout(tmp_path: Path) -> None:
+    """--header-timeout 1 --body-timeout 1: a connection that sends nothing, one that sends half a head,
+    and one that sends a head and half its body are all closed within 3 s (uvicorn kept them for ever),
+    while a whole request on another connection is answered and a keep-alive connection idle for 2 s
+    between two requests (uvicorn's keep-alive timeout, 5 s, not the head timeout) is served both."""
+    body = json.dumps(INIT).encode()
+    head = (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"accept: application/json, text/event-stream\r\ncontent-length: %d\r\n\r\n" % len(body))
+    with _serve(tmp_path, "--header-timeout", "1", "--body-timeout", "1") as served:
+        port = int(served.url.split(":")[2].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as whole:
+            for pause in (0, 2):
+                time.sleep(pause)
+                whole.sendall(head + body)
+                assert whole.recv(64).startswith(b"HTTP/1.1 200"), "a whole request was not answered"
+                whole.settimeout(0.3)
+                with contextlib.suppress(TimeoutError):
+                    while whole.recv(65536):  # the rest of the reply
+                        pass
+                whole.settimeout(10)
+        started = time.monotonic()
+        slow = [_slow_sockets(port, 1, ("127.0.0.1",), opening)[0]
+                for opening in (b"", head[:20], head + body[:10])]
+        assert _closed_by_server(slow, 3.0) == 3, "a slow connection outlived its timeout"
+        assert time.monotonic() - started < 3.5

@@ -11,13 +11,17 @@ ways that no client can turn against another:
 - **Time.** An issued id unused for ``idle_timeout`` seconds is dropped (its id is then unknown). A
   connection's own database lives as long as its connection, which the SDK closes after the same idle
   time (the server gives it the same ``max_sessions`` and ``idle_timeout``).
-- **Session-less clients.** A client without a connection (an MCP 2026 client, one exchange per request)
-  may ask for ids too; each is bound to the address it came from (another address gets "unknown session
-  id"), and they are bounded apart: at most :func:`per_client_limit` per address and half the table in
-  all, so one stranger flooding ``new`` requests can neither fill the table nor lock other clients out.
-  At its bound a client's own least recently used id that has been idle :func:`own_idle` seconds makes
-  room; otherwise the newcomer is refused, and no other client's session is ever dropped. An id is a
-  bearer secret within its address: whoever holds it and reaches the server from there can use it.
+- **Per client address.** Issued ids are bounded per client address: at most ``per_client`` (default
+  :func:`per_client_limit`, ``--max-sessions-per-client``) per address, whether issued on a connection or
+  to a client without one, so one stranger asking for ``new`` ids can neither fill the table nor lock
+  other clients out (the HTTP sessions of the handshake are bounded per address in the same way, by
+  :class:`muarl.mcp.server.ClientSessions`). A client without a connection (an MCP 2026 client, one
+  exchange per request) gets ids bound to the address it came from (another address gets "unknown
+  session id"), and such clients hold at most half the table in all, except that an address holding
+  none still gets its first (so a flood from a few addresses locks no newcomer out). At its bound a
+  client's own least recently used id that has been idle :func:`own_idle` seconds makes room; otherwise
+  the newcomer is refused, and no other client's session is ever dropped. An id is a bearer secret
+  within its address: whoever holds it and reaches the server from there can use it.
 - **Disconnect.** When a connection ends (DELETE, the SDK's idle expiry, the client gone), its database
   and the ids issued to it are freed at once (:meth:`SessionEnvs.watch` hooks the connection's
   teardown), so the count frees up and the memory with it.
@@ -52,7 +56,8 @@ LOG_CHARS = 1024
 
 
 def per_client_limit(max_sessions: int) -> int:
-    """Ids one address may hold without a connection: an eighth of the table (at least 1)."""
+    """The default of ``--max-sessions-per-client``: the issued ids, and apart from them the HTTP sessions,
+    one client address may hold: an eighth of the table (at least 1)."""
     return max(1, max_sessions // 8)
 
 
@@ -81,6 +86,7 @@ class SessionRefused(Exception):
 class Session:
     env: Env
     owner: str | None  # the connection an issued id belongs to; None for a connection's own database
+    address: str | None = None  # the client address an issued id was issued to (None: stdio, unbounded)
     used: float = field(default_factory=time.monotonic)
     calls: int = 0
 
@@ -106,18 +112,23 @@ def trim_log(env: Env) -> None:
 class SessionEnvs:
     """The private env of each session, bounded by count, idle time and log size (see the module)."""
 
-    def __init__(self, domain: Domain, max_sessions: int = MAX_SESSIONS, idle_timeout: float = IDLE_TIMEOUT):
-        self.check_limits(max_sessions, idle_timeout)
+    def __init__(self, domain: Domain, max_sessions: int = MAX_SESSIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 per_client: int | None = None):
+        self.check_limits(max_sessions, idle_timeout, per_client)
         self.domain, self.max_sessions, self.idle_timeout = domain, max_sessions, idle_timeout
+        self.per_client = per_client if per_client is not None else per_client_limit(max_sessions)
         self._sessions: dict[str, Session] = {}
         self._controllers: set[str] = set()  # connections that have presented the control token
         self._watched: set[str] = set()  # connections whose teardown frees their sessions
 
     @staticmethod
-    def check_limits(max_sessions: int, idle_timeout: float) -> None:
+    def check_limits(max_sessions: int, idle_timeout: float, per_client: int | None = None) -> None:
         """A ValueError, in one line, for limits that would serve no one (checked before a server starts)."""
         if max_sessions < 1:
             raise ValueError(f"--max-sessions {max_sessions}: give at least 1, or the server refuses every session")
+        if per_client is not None and per_client < 1:
+            raise ValueError(f"--max-sessions-per-client {per_client}: give at least 1, or the server refuses "
+                             "every session")
         if not (0 < idle_timeout < float("inf")):
             raise ValueError(f"--idle-timeout {idle_timeout:g}: give a positive, finite number of seconds")
 
@@ -133,38 +144,42 @@ class SessionEnvs:
             return None
         return session
 
-    def _open(self, key: str, owner: str | None, env: Env | None = None) -> Session:
+    def _open(self, key: str, owner: str | None, env: Env | None = None, address: str | None = None) -> Session:
         """A new session, or SessionRefused at the limit (after dropping the expired ones)."""
         now = time.monotonic()
         for old in [k for k, s in self._sessions.items() if self._expired(s, now)]:
             del self._sessions[old]
-        if owner is not None and owner.startswith(NO_CONNECTION):
-            self._make_sessionless_room(owner, now)
+        if owner is not None and address is not None:
+            self._make_room(owner, address, now)
         if len(self._sessions) >= self.max_sessions:
             raise SessionRefused(
                 f"Error: this server already keeps {self.max_sessions} session{'s' * (self.max_sessions != 1)} "
                 f"(--max-sessions), so it opens no more: a session is freed when its client ends it (HTTP DELETE) "
                 f"or after {self.idle_timeout:g} s unused")
-        session = self._sessions[key] = Session(env if env is not None else self.domain.env(), owner)
+        session = self._sessions[key] = Session(env if env is not None else self.domain.env(), owner, address)
         return session
 
-    def _make_sessionless_room(self, owner: str, now: float) -> None:
-        """Below the session-less bounds, or room made by dropping ``owner``'s own least recently used id
-        idle for :func:`own_idle` seconds; else SessionRefused (no other client's session is touched)."""
-        mine = sorted((s.used, k) for k, s in self._sessions.items() if s.owner == owner)
+    def _make_room(self, owner: str, address: str, now: float) -> None:
+        """Below the per-address bound (and, without a connection, the session-less one), or room made by
+        dropping the address's own least recently used id idle for :func:`own_idle` seconds; else
+        SessionRefused (no other address's session is touched)."""
+        sessionless = owner.startswith(NO_CONNECTION)
+        mine = sorted((s.used, k) for k, s in self._sessions.items() if s.owner is not None and s.address == address)
         everyone = sum(1 for s in self._sessions.values() if s.owner is not None and s.owner.startswith(NO_CONNECTION))
-        per_client, total = per_client_limit(self.max_sessions), sessionless_limit(self.max_sessions)
-        if len(mine) < per_client and everyone < total:
-            return
+        per_client, total = self.per_client, sessionless_limit(self.max_sessions)
+        if len(mine) < per_client and (not sessionless or everyone < total or not mine):
+            return  # beyond the session-less half, an address that holds no id still gets its first
         if mine and now - mine[0][0] >= own_idle(self.idle_timeout):
-            del self._sessions[mine[0][1]]  # the client's own oldest idle id: its own, never another's
+            del self._sessions[mine[0][1]]  # the address's own oldest idle id: its own, never another's
             return
         which = (f"this address already holds {per_client}" if len(mine) >= per_client else
                  f"clients without a connection already hold {total}")
-        raise SessionRefused(f"Error: {which} session ids (a client without a connection may hold at most "
-                             f"{per_client}, all of them {total}, of --max-sessions {self.max_sessions}), so no "
+        bounds = (f"a client without a connection may hold at most {per_client}, all of them {total}"
+                  if sessionless else f"a client address may hold at most {per_client}, --max-sessions-per-client")
+        ending = "or connect with the initialize handshake" if sessionless else "or end a connection you no longer use"
+        raise SessionRefused(f"Error: {which} session ids ({bounds}, of --max-sessions {self.max_sessions}), so no "
                              f"new one is issued: an id unused for {own_idle(self.idle_timeout):g} s makes room "
-                             f"for its own client's next, or connect with the initialize handshake")
+                             f"for its own client's next, {ending}")
 
     def get(self, key: str) -> Env:
         """The session's env (a connection's is opened on its first use); marks the session used."""
@@ -200,10 +215,11 @@ class SessionEnvs:
         return len(self._sessions)
 
     # -- issued ids and connections -------------------------------------------------------------------------
-    def issue(self, connection: str) -> str:
-        """A new unguessable session id, bound to ``connection``, with a fresh database."""
+    def issue(self, connection: str, address: str | None = None) -> str:
+        """A new unguessable session id, bound to ``connection``, with a fresh database; counted against
+        ``address``'s bound (None: unbounded, as for stdio's one client)."""
         key = secrets.token_urlsafe(24)
-        self._open(key, connection)
+        self._open(key, connection, address=address)
         return key
 
     def resolve(self, connection: str | None, asked: str | None, client: str | None = None) -> tuple[str, str | None]:
@@ -218,7 +234,7 @@ class SessionEnvs:
             return connection, None
         owner = connection or sessionless_owner(client)
         if asked == NEW_SESSION:
-            issued = self.issue(owner)
+            issued = self.issue(owner, client if connection is not None else client or "?")
             return issued, issued
         session = self._live(asked) if isinstance(asked, str) else None
         if session is None or session.owner is None or session.owner != owner:
