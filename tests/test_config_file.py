@@ -102,3 +102,84 @@ def test_every_command_that_runs_something_takes_a_config_file():
     for command in ("sft", "grpo", "pretrain", "eval", "rollout", "synth", "demo", "ablate"):
         sub = config_file.subparser(build_parser(only=command), command)
         assert any(config_file.OPTION in a.option_strings for a in sub._actions), command
+
+
+@pytest.mark.parametrize(("command", "text", "says"), [
+    ("grpo", "steps: 2\nkl_beta: 0.1\nsteps: 3\n", "'steps' is given twice (lines 1 and 3)"),
+    ("grpo", "{steps: 2, kl_beta: 0.1, steps: 3}\n", "'steps' is given twice (lines 1 and 1)"),
+    ("grpo", "kl_beta: 0.1\nkl-beta: 0.2\n", "kl_beta and kl-beta are the same option (--kl-beta); give it once"),
+    ("demo", "grpo:\n  steps: 2\ngrpo.steps: 3\n", "grpo.steps is given twice"),
+    ("grpo", "seed: 1.5\n", "seed: 1.5 is not a whole number (--seed takes one)"),
+    ("grpo", "steps: 2.5\n", "steps: 2.5 is not a whole number (--steps takes one)"),
+], ids=["key-twice", "key-twice-flow", "two-spellings", "nested-and-dotted", "seed-1.5", "steps-2.5"])
+def test_a_key_given_twice_or_a_fraction_for_a_whole_number_is_refused(tmp_path, command, text, says):
+    """Issue 60, item 7. Before: each was accepted, the last value winning, and 1.5 became 1 (``int(1.5)``)."""
+    (tmp_path / "run.yaml").write_text(text)
+    parser = build_parser(only=command)
+    with pytest.raises(ValueError) as caught:
+        config_file.apply(config_file.subparser(parser, command), str(tmp_path / "run.yaml"), command)
+    assert str(caught.value) == f"--config {tmp_path / 'run.yaml'}: {says}"
+
+
+def test_a_whole_number_written_as_a_float_is_that_number_and_merge_keys_may_be_overridden(tmp_path):
+    """``seed: 2.0`` is the integer 2 (nothing is lost, unlike 1.5); a ``<<: *base`` merge is not a repeat."""
+    (tmp_path / "run.yaml").write_text("seed: 2.0\nbase: &b {steps: 2}\ngrpo:\n  <<: *b\n  steps: 3\n")
+    assert config_file.read(str(tmp_path / "run.yaml")) == {"seed": 2.0, "base.steps": 2, "grpo.steps": 3}
+    (tmp_path / "run.yaml").write_text("seed: 2.0\n")
+    parser = build_parser(only="eval")
+    config_file.apply(config_file.subparser(parser, "eval"), str(tmp_path / "run.yaml"), "eval")
+    seed = parser.parse_args(["eval", "--domain", "retail", "--out", "x"]).seed
+    assert seed == 2 and type(seed) is int
+
+
+def test_a_seed_the_command_line_refuses_the_file_refuses_too(tmp_path, capsys):
+    """Before: ``--seed 1.5`` was refused, ``seed: 1.5`` in the file ran with seed 1."""
+    with pytest.raises(SystemExit):
+        main(["eval", "--domain", "retail", "--seed", "1.5", "--out", str(tmp_path / "a")])
+    assert "invalid int value: '1.5'" in capsys.readouterr().err
+    (tmp_path / "run.yaml").write_text("domain: retail\nlimit: 1\nk: 1\nquiet: true\nseed: 1.5\n")
+    assert main(["eval", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == (f"muarl: error: --config {tmp_path / 'run.yaml'}: seed: 1.5 is not a whole "
+                                       "number (--seed takes one)\n")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path, capsys, monkeypatch):
+    """Before: ``muarl: error: 'utf-8' codec can't decode byte 0xff in position 17`` (which file?)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "latin1.yaml").write_bytes("domain: retail\nuser: caf\u00e9\n".encode("latin-1"))
+    assert main(["eval", "--config", "latin1.yaml", "--out", "runs/x"]) == 2
+    assert capsys.readouterr().err == ("muarl: error: --config latin1.yaml: not UTF-8 text (byte 0xe9 on line 2); "
+                                       "save it as UTF-8\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def _laughs(levels: int, width: int = 9) -> str:
+    """A "billion laughs": each list holds ``width`` aliases of the one before, ``width ** levels`` values."""
+    parts, prev = ['&l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]'], "l0"
+    for n in range(1, levels):
+        parts.append(f"&l{n} [" + ", ".join([f"*{prev}"] * width) + "]")
+        prev = f"l{n}"
+    return "seed: [" + ", ".join(parts) + "]\n"
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (_laughs(7), "its aliases expand to more than 10000 values (nested aliases?); refused before reading them"),
+    (_laughs(20, width=2), "its aliases expand to more than 10000 values"),  # 9.4 million: never built
+    ("".join(f"m{n}: &m{n} {{a: *m{n - 1}, b: *m{n - 1}}}\n" if n else "m0: &m0 {a: 1, b: 1}\n" for n in range(20)),
+     "its aliases expand to more than 10000 values"),  # 2 ** 20 keys once flattened
+    ("grpo: &g {steps: *g}\n", "an alias refers to the mapping or list that contains it"),
+    ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("seed: " + "x" * 100_000 + "\n", "seed: 'xxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx' is not valid"),
+    ("a:\n  ? " + "k" * 100_000 + "\n  : 1\n? a." + "k" * 100_000 + "\n: 2\n", "a.kkkkkkkk"),  # cut to 400
+], ids=["laughs-9^7", "laughs-2^20", "mapping-laughs", "recursive", "deep", "long-value", "long-key-twice"])
+def test_aliases_are_bounded_and_every_error_line_is_short(tmp_path, capsys, text, says):
+    """Before: the first file's error line was 39 MB (its 4.8 million values, printed), the second's 66 MB,
+    the third was flattened into 2 ** 20 keys before its first was refused, the fourth and fifth were
+    RecursionError tracebacks, the sixth quoted all 100,000 characters, and the seventh was accepted (two
+    keys that flatten to one)."""
+    (tmp_path / "bad.yaml").write_text(text)
+    assert main(["eval", "--config", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) <= 420, err[:500]  # config_file.MAX_MESSAGE is 400
+    assert err.startswith(f"muarl: error: --config {tmp_path / 'bad.yaml'}: ") and says in err, err[:500]

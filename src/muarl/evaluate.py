@@ -18,11 +18,15 @@ pass^1 in every results table, and ``faults`` counts them by kind, so nothing is
 every episode faulted raises :class:`~muarl.faults.AllEpisodesFaulted` (after writing its results) rather
 than report metrics over nothing. Tool failures the agent saw (errors by kind, ``tool_error_rate``) are
 counted over every episode.
+
+An evaluation into a full disk stops with one line (:class:`~muarl.train.diskspace.OutOfSpace`) naming the
+folder, its free bytes and the episodes kept; rerunning the command once there is room resumes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -38,6 +42,7 @@ from muarl.files import atomic_write
 from muarl.policies.base import Policy
 from muarl.provenance import record as provenance_record
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
+from muarl.train.diskspace import reported
 from muarl.types import Task, Trajectory
 from muarl.users.base import UserSimulator
 from muarl.users.slips import SLIPS, slip_rates
@@ -382,6 +387,18 @@ def _check_run_dir(out: Path, config: dict[str, Any], provenance: dict[str, Any]
     atomic_write(saved, json.dumps({**config, "provenance": provenance}, indent=1) + "\n")
 
 
+def kept_note(trajectories: Path) -> str:
+    """What a run stopped by a full disk keeps and how to go on (for its one-line error): the finished
+    episodes in ``trajectories`` (complete lines; a torn last one is dropped when the run resumes)."""
+    try:
+        with trajectories.open("rb") as f:
+            done = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        done = 0
+    return (f"the {done} finished episodes in {trajectories} are kept; free some space and rerun the same "
+            "command to resume")
+
+
 async def evaluate_async(
     domain: Domain,
     policy: Policy,
@@ -420,22 +437,25 @@ async def evaluate_async(
     provenance = provenance_record([domain], policy, user, specs.get("policy"), specs.get("user"))
     out = Path(out_dir) if out_dir is not None else None
     resumed = 0
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        _check_run_dir(out, run_config, provenance)
-        present = load_trajectories(out / TRAJECTORIES)
-        resumed = sum((t.id, m) in present for t in tasks for m in range(k))
-    engine = RolloutEngine(domain, policy, user, config, group_size=k, concurrency=concurrency,
-                           common_user_seed=False, seed=seed,
-                           out=out / TRAJECTORIES if out is not None else None, progress=progress)
-    start = time.perf_counter()
-    groups = await engine.run(tasks)
-    wall = time.perf_counter() - start
-    metrics, rows, fams = summarize(groups, {t.id: t.family for t in tasks}, k, sim_faults)
-    timing = {"wall_s": round(wall, 3), "episodes_run": len(tasks) * k - resumed, "episodes_resumed": resumed}
-    result = EvalResult(run_config, metrics, rows, groups, fams, timing, provenance)
-    if out is not None:
-        result.write(out)
+    # a full disk anywhere below (the settings, an episode's line, the results): one line, resumable
+    with (reported(out, "writing the evaluation", lambda: kept_note(out / TRAJECTORIES))
+          if out is not None else contextlib.nullcontext()):
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            _check_run_dir(out, run_config, provenance)
+            present = load_trajectories(out / TRAJECTORIES)
+            resumed = sum((t.id, m) in present for t in tasks for m in range(k))
+        engine = RolloutEngine(domain, policy, user, config, group_size=k, concurrency=concurrency,
+                               common_user_seed=False, seed=seed,
+                               out=out / TRAJECTORIES if out is not None else None, progress=progress)
+        start = time.perf_counter()
+        groups = await engine.run(tasks)
+        wall = time.perf_counter() - start
+        metrics, rows, fams = summarize(groups, {t.id: t.family for t in tasks}, k, sim_faults)
+        timing = {"wall_s": round(wall, 3), "episodes_run": len(tasks) * k - resumed, "episodes_resumed": resumed}
+        result = EvalResult(run_config, metrics, rows, groups, fams, timing, provenance)
+        if out is not None:
+            result.write(out)
     where = f"; the trajectories are in {out / TRAJECTORIES}" if out is not None else ""
     require_unfaulted((t for g in groups for t in g), f"evaluation of {domain.name}{where}")
     return result

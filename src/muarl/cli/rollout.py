@@ -31,23 +31,28 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from muarl.evaluate import kept_note
     from muarl.faults import SIDES, require_unfaulted
+    from muarl.files import atomic_write
     from muarl.provenance import record
     from muarl.rollout import RolloutEngine
+    from muarl.train.diskspace import reported
 
     options.check_positive(args, "n", "limit", "concurrency", "max_turns", "max_new_tokens")
     domain, tasks, policy, user = options.matchup_of(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    engine = RolloutEngine(domain, policy, user, options.episode_config(args), group_size=args.n,
-                           concurrency=args.concurrency, common_user_seed=not args.independent_users, seed=args.seed,
-                           out=out / "trajectories.jsonl")
-    groups = asyncio.run(engine.run(tasks))
-    trajs = [t for g in groups for t in g]
-    # what was used, as given (module:attr for a plug-in), so `muarl view` finds the tasks again
-    summary = {"domain": args.domain, "split": args.split, "policy": args.policy, "user": args.user,
-               **summarize(trajs), "provenance": record([domain], policy, user, args.policy, args.user)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    # a full disk (an episode's line, the summary): one line naming the folder; a rerun resumes
+    with reported(out, "writing the rollout", lambda: kept_note(out / "trajectories.jsonl")):
+        out.mkdir(parents=True, exist_ok=True)
+        engine = RolloutEngine(domain, policy, user, options.episode_config(args), group_size=args.n,
+                               concurrency=args.concurrency, common_user_seed=not args.independent_users,
+                               seed=args.seed, out=out / "trajectories.jsonl")
+        groups = asyncio.run(engine.run(tasks))
+        trajs = [t for g in groups for t in g]
+        # what was used, as given (module:attr for a plug-in), so `muarl view` finds the tasks again
+        summary = {"domain": args.domain, "split": args.split, "policy": args.policy, "user": args.user,
+                   **summarize(trajs), "provenance": record([domain], policy, user, args.policy, args.user)}
+        atomic_write(out / "summary.json", json.dumps(summary, indent=1) + "\n")  # whole or not at all
     console = Console()
     table = Table(title=f"rollout {args.domain}/{args.split}: {args.policy} x {args.user}, n={args.n}")
     columns = {"episodes": "episodes", "success": "success", **{f"{side}_fault_rate": f"{side} faults"
