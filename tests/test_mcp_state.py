@@ -347,12 +347,13 @@ def test_canonical_sqlite_reads_the_schema_by_meaning_not_spelling(tmp_path: Pat
                                       "{server} --db-path {{episode_dir}}/../shared.db"])
 def test_a_state_every_session_shares_is_caught_by_behaviour(tmp_path: Path, sqlite_server: str, spelling: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spellings that put every episode and the gold replay on one database: a shell and an abbreviated
-    option (the path check cannot see them), and ``{episode_dir}/../`` (the folder every episode folder is
-    made in; the path check refuses it, ``shared_state`` lets it through here). The grader reads the
-    episode's state before and after the gold replay: the replay changed it, so a do-nothing agent's episode
-    is a tool fault naming the shared state, never a reward of 1.0. Before, it scored 1.0 (the state read
-    after gold wrote), or 0 without a fault for ``../`` (the file was not seeded there)."""
+    """Spellings that put every episode and the gold replay on one database: a shell, an abbreviated option
+    and ``{episode_dir}/../`` (the folder every episode folder is made in). The path check refuses all three
+    (the first two since issue 60); ``shared_state`` lets them through here, standing in for a spelling no
+    check sees. The grader reads the episode's state before and after the gold replay: the replay changed
+    it, so a do-nothing agent's episode is a tool fault naming the shared state, never a reward of 1.0.
+    Before, it scored 1.0 (the state read after gold wrote), or 0 without a fault for ``../`` (the file was
+    not seeded there)."""
     from muarl.factory import make_policy
 
     episodes = tmp_path / "episodes"  # where the episode folders are made, so that ../shared.db is ours
@@ -365,10 +366,9 @@ def test_a_state_every_session_shares_is_caught_by_behaviour(tmp_path: Path, sql
     data = json.loads(config.read_text())
     data["server"] = spelling.format(server=sqlite_server, shared=shared)
     config.write_text(json.dumps(data))
-    if "episode_dir" in spelling:
-        with pytest.raises(ValueError, match="one state for every episode"):
-            get_domain(f"mcp:{config}")
-        config.write_text(json.dumps({**data, "shared_state": True}))
+    with pytest.raises(ValueError, match="one state for every episode"):
+        get_domain(f"mcp:{config}")
+    config.write_text(json.dumps({**data, "shared_state": True}))
     domain = get_domain(f"mcp:{config}")
     task = next(t for t in domain.tasks("test") if t.id == "lend")
     idle = asyncio.run(run_episode(domain, task, make_policy("noop"), ScriptedUser(), seed=0))

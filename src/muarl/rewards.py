@@ -204,6 +204,16 @@ def score(
     if before is not None and final.state_fault is None:
         _check_own_state(final, domain, *before, after)
     db_match = final.state_fault is None and after == gold.hash()  # a state not the episode's own proves nothing
+    checks = effect_checks(task, effects, final, gold)
+    if not checks:
+        untouched = final.hash() == domain.env(task).hash()  # the task's own starting state
+        checks.append(Check(name="database unchanged", passed=untouched))
+    return graded(domain, task, trajectory, db_match, checks, require_outputs, [] if db_match else final.diff(gold))
+
+
+def effect_checks(task: Task, effects: list[Any], final: Env, gold: Env) -> list[Check]:
+    """One check per gold action that writes: the records it changed are the same in the final state as in
+    gold's (partial credit for the task completion rate)."""
     checks: list[Check] = []
     for action, effect in zip(task.gold_actions, effects, strict=True):
         if not effect:
@@ -212,11 +222,15 @@ def score(
                       if not _same(lookup(_get(final, t, k), path), lookup(_get(gold, t, k), path))})
         checks.append(Check(name=f"effect of {action.name}", passed=not bad,
                             detail=f"differs: {', '.join(bad)}" if bad else ""))
-    if not checks:
-        untouched = final.hash() == domain.env(task).hash()  # the task's own starting state
-        checks.append(Check(name="database unchanged", passed=untouched))
+    return checks
+
+
+def graded(domain: Domain, task: Task, trajectory: Trajectory, db_match: bool, checks: list[Check],
+           require_outputs: bool, diff: list[str]) -> Reward:
+    """The reward from the state's verdict and checks: the required outputs checked, the policy's violations
+    found. Shared by every grader of muarl's own (the built-in one above, MCP domains' in muarl.mcp.grading)."""
     output_checks = outputs_said(task, trajectory.messages)
-    checks += output_checks
+    checks = checks + output_checks
     outputs_ok = all(c.passed for c in output_checks)
     passed = db_match and (outputs_ok or not require_outputs)
     return Reward(
@@ -227,7 +241,7 @@ def score(
         tcr=sum(c.passed for c in checks) / len(checks),
         checks=checks,
         violations=find_violations(domain, task, trajectory),
-        diff=[] if db_match else final.diff(gold),
+        diff=diff,
     )
 
 

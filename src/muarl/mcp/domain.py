@@ -22,7 +22,9 @@ Grading. The database lives in the server, so the reward needs help from one of 
   server's state after the agent's episode with its state after the gold actions replayed on a fresh
   instance (a new session: for stdio a new process on a new episode folder, seeded afresh from
   ``ServerSpec.files``). The state is what the reader returns: a read tool's result (a dump query), a
-  resource, or files of the episode folder hashed canonically.
+  resource, or files of the episode folder hashed canonically. It is read as the episode's session opens
+  (before the agent's first call) too, so that the grader (:mod:`muarl.mcp.grading`, every MCPDomain's
+  ``scorer``) can check that every fresh session starts from one state.
 - **Without a base or a state reader** (any third-party server): the domain's "database" is the log of
   successful write calls (a table ``calls`` of ``{tool, arguments}`` in order), and the reward is action
   matching: the agent's successful writes equal the gold actions replayed on a fresh session. The command
@@ -40,6 +42,7 @@ checks (TCR).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import difflib
 import re
@@ -56,6 +59,7 @@ from pydantic import BaseModel, ConfigDict
 from muarl.domain import Domain, load_tasks
 from muarl.env import UNAVAILABLE, Env
 from muarl.mcp.client import CallOutcome, RemoteSession, RemoteTool, ServerSpec, ServerUnavailable
+from muarl.mcp.grading import Reading, score_episode
 from muarl.mcp.server import CONTROL_PREFIX, RESET_TOOL, STATE_TOOL, USER_TOOL
 from muarl.mcp.state import StateReader, canonical_files, shared_state_paths, state_digest
 from muarl.tools import Tool
@@ -103,6 +107,11 @@ class MCPDomain(Domain):
     #: a successful result whose text matches this is a failed call (a server's in-band errors)
     error_pattern: re.Pattern[str] | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scorer is None:  # graded by the server's state read as outcomes (muarl.mcp.grading)
+            self.scorer = score_episode
+
     def env(self, task: Task | None = None, **context: Any) -> MCPEnv:
         return MCPEnv(self, task, context)
 
@@ -141,6 +150,9 @@ class MCPEnv(Env):
         self.rejected: str | None = None
         #: the state reader's last results, (probe, text) in order
         self.state_parts: list[tuple[str, str]] | None = None
+        #: the state as the session found it when it opened (a state reader's domain without a base), read
+        #: before the agent's first call: every fresh session must start from it (:mod:`muarl.mcp.grading`)
+        self.start: Reading | None = None
         self._closer = weakref.finalize(self, self.session.close_soon)
 
     # -- calls ----------------------------------------------------------------------------------------
@@ -224,6 +236,8 @@ class MCPEnv(Env):
             outcome = self.session.call(name_, args_, control=control)
             if not outcome.ok:
                 return self._finish(record, _as_fault(outcome, name_))
+        if self._reads_start():
+            self.reading()
         return self._finish(record, self.session.call(remote[0], remote[1], control=remote[2]))
 
     async def acall(self, name: str, arguments: Any = None, *, actor: Actor = "agent",
@@ -237,7 +251,14 @@ class MCPEnv(Env):
             outcome = await self.session.acall(name_, args_, control=control)
             if not outcome.ok:
                 return self._finish(record, _as_fault(outcome, name_))
+        if self._reads_start():  # blocking reads, in a worker thread: the episode loop goes on meanwhile
+            await asyncio.to_thread(self.reading)
         return self._finish(record, await self.session.acall(remote[0], remote[1], control=remote[2]))
+
+    def _reads_start(self) -> bool:
+        """Whether the state must be read now, before the session's first call: it has not opened yet, and a
+        state reader grades it (gold then runs on a fresh session, which must start from the same state)."""
+        return self.domain.state is not None and self.domain.mirror is None and not self.session.opened
 
     def run(self, action: Action) -> ToolRecord:
         """Run a gold action: on the local base database when there is one (no server involved)."""
@@ -255,24 +276,35 @@ class MCPEnv(Env):
         """The server's own state hash when it has one and this env talked to it; the hash of what the state
         reader returns when the domain has one; else the local one. An unknown state ("unavailable: ...")
         equals no other hash, another unavailable one included."""
+        reading = self.reading()
+        return reading.value if reading.ok else _unavailable(reading.value)
+
+    def reading(self) -> Reading:
+        """The state as an outcome (:class:`~muarl.mcp.grading.Reading`): :meth:`hash`'s value, or why the state
+        cannot be read, in the same words each time, so that two readings compare as outcomes. The first
+        reading of a state reader's session that had not opened is its :attr:`start`."""
         if self.session.fault is not None:
             self.state_fault = self.session.fault  # the server died (during a call, or after the last one)
-            return _unavailable(self.session.fault)
+            return Reading(False, self.session.fault)
         if self.divergence is not None:
-            return _unavailable(self.divergence)
+            return Reading(False, self.divergence)
         if self.rejected is not None:
-            return _unavailable(self.rejected)
+            return Reading(False, self.rejected)
         if self.domain.muarl_server and self.session.opened:
             outcome = self.session.call(STATE_TOOL, {}, control=True)
             if not outcome.ok:
                 if outcome.error == "tool_fault":  # no answer: the server's failure, not a state to grade
                     self.state_fault = f"reading the state: {outcome.text}"
-                return _unavailable(outcome.text)
-            return str(_json(outcome.text).get("hash"))
+                return Reading(False, outcome.text)
+            return Reading(True, str(_json(outcome.text).get("hash")))
         if self.domain.state is not None:
+            fresh = not self.session.opened
             parts = self.read_state()
-            return _unavailable(parts) if isinstance(parts, str) else state_digest(parts)
-        return self.db.hash()
+            reading = Reading(False, parts) if isinstance(parts, str) else Reading(True, state_digest(parts))
+            if fresh and self.start is None and self.domain.mirror is None:
+                self.start = reading
+            return reading
+        return Reading(True, self.db.hash())
 
     def read_state(self) -> list[tuple[str, str]] | str:
         """The state reader's results, (probe, text) in order, or why the state cannot be read."""

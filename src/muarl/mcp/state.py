@@ -24,7 +24,9 @@ import fnmatch
 import hashlib
 import json
 import os
+import posixpath
 import re
+import shlex
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -197,48 +199,71 @@ def state_digest(parts: Iterable[tuple[str, str]]) -> str:
 # -- a state path every episode would share -------------------------------------------------------------------
 #: option and variable names that say "where my state lives"
 _STATE_NAME = re.compile(r"db|database|data|state|store|storage|path|dir|folder|file|home|root|memory|save", re.I)
+#: names whose last word says "a path": their value is one even as a bare word (``--db-path library``)
+_PATH_NAME = re.compile(r"(?:^|[-_])(?:path|dir|directory|folder|file|filename|db|database|sqlite|home|root"
+                        r"|location)$", re.I)
 #: variables that name where code is found, not state
 _SEARCH_PATHS = {"PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "NODE_PATH", "CLASSPATH",
                  "VIRTUAL_ENV", "PYTHONPYCACHEPREFIX", "GEM_PATH", "PERL5LIB"}
 #: file suffixes of state a server keeps
 _STATE_SUFFIX = (".db", ".sqlite", ".sqlite3", ".duckdb", ".sqlitedb", ".jsonl")
+#: where one value may hold several paths (``a.db:b.db``, ``x=y``, ``a,b``); each part is read as well
+_SEPARATORS = re.compile(r"[\s,;:=|]+")
+_LIST_SEPARATORS = re.compile(r"[,;:=|]+")
+#: a scheme that names a place elsewhere than a file (``postgres://``, ``http://``): not a path
+_NETWORK = re.compile(r"^[a-z][a-z0-9+.-]*://", re.I)
+#: ``{episode_dir}`` in a value while it is read as a path (no real path holds a NUL)
+_EPISODE = "/\0episode"
 
 
-def _path_like(value: str, cwd: Path) -> bool:
-    if not value or value.startswith("-") or "://" in value:
+def _inside(path: str) -> bool:
+    return path == _EPISODE or path.startswith(_EPISODE + "/")
+
+
+def _resolved(part: str, cwd: str) -> str:
+    """``part`` (``{episode_dir}`` already replaced) as an absolute, normalised path; ``~`` is outside."""
+    if part.startswith("~"):
+        return "/~" + part[1:]
+    return posixpath.normpath(part if part.startswith("/") else f"{cwd}/{part}")
+
+
+def _pathish(part: str) -> bool:
+    return ("/" in part or part in (".", "..") or part.startswith("~") or part.lower().endswith(_STATE_SUFFIX))
+
+
+def _outside(value: str, cwd: str, bare_is_path: bool = False) -> bool:
+    """Whether ``value`` names a place outside ``{episode_dir}``. The whole value is read as one path from its
+    first ``{episode_dir}`` on, with nothing cut at a separator before ``..`` is read
+    (``{episode_dir}/a,/../../x.db`` is the folder every episode folder sits in), and so is every path-like
+    part between separators (``/srv/x.db,{episode_dir}/y.db`` names ``/srv/x.db``). A relative part is read
+    from ``cwd`` (``{episode_dir}`` itself when the server starts there), whether or not it exists yet.
+    ``bare_is_path``: a value that is one bare word (``library``) is a path too (the option's name says so)."""
+    if _NETWORK.match(value) and not re.match(r"(file|sqlite3?):", value, re.I):
         return False
-    return "/" in value or os.sep in value or value.lower().endswith(_STATE_SUFFIX) or (cwd / value).exists()
+    text = value.replace(EPISODE_DIR, _EPISODE)
+    head, tail = (text[:text.index(_EPISODE)], text[text.index(_EPISODE):]) if _EPISODE in text else (text, "")
+    if tail and not _inside(posixpath.normpath(tail)):
+        return True
+    # after {episode_dir} a blank is part of the name ("{episode_dir}/my notes.db"), a list separator is not
+    parts = [p for p in [*_SEPARATORS.split(head), *_LIST_SEPARATORS.split(tail)] if p]
+    # slashes alone before {episode_dir} are how a URL spells an absolute path (sqlite:///{episode_dir}/x.db)
+    paths = [p for p in parts if (_pathish(p) or _EPISODE in p) and (p.strip("/") or not tail)]
+    if not paths and bare_is_path and len(parts) == 1 and re.fullmatch(r"[\w.\-]+", parts[0]):
+        paths = parts
+    return any(not _inside(_resolved(p, cwd)) for p in paths)
 
 
-def _spelled_as_path(arg: str) -> bool:
-    """``./data``, ``/srv/data``, ``..``: a bare word (``retail``) is a name, whatever folders the cwd has."""
-    return "/" in arg or arg in (".", "..") or arg.startswith("~")
+def _words(value: str) -> list[str]:
+    """A value with blanks in it as the shell would split it (``sh -c 'exec srv --db-path x.db'``)."""
+    try:
+        return shlex.split(value)
+    except ValueError:
+        return value.split()
 
 
-def _per_episode(value: str) -> bool:
-    """Whether ``value`` names a place inside ``{episode_dir}``: it mentions it, and no ``..`` climbs out
-    (``{episode_dir}/../x.db`` is the folder every episode folder sits in, one file for all of them)."""
-    if EPISODE_DIR not in value:
-        return False
-    for rest in value.split(EPISODE_DIR)[1:]:
-        tail = re.split(r"[\s:;,]", rest, maxsplit=1)[0]  # the path goes on to the next separator
-        inside = os.path.normpath("/episode" + tail)
-        if inside != "/episode" and not inside.startswith("/episode/"):
-            return False
-    return True
-
-
-def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str | Path | None = None) -> list[str]:
-    """Where a stdio server's command or environment names a state path outside ``{episode_dir}``: every
-    episode's server (and every gold replay's) would open the same file. ``["--db-path seed.db"]``, say.
-
-    A heuristic, by spelling: an option or variable whose name says state (``--db-path``, ``--data-dir``,
-    ``NOTES_HOME``) with a path for its value, or a bare argument that is a database file or an existing
-    folder spelled as a path (``./notes``, not ``notes``: a bare word may be a name, such as a domain's).
-    Anything inside ``{episode_dir}`` is per episode and never counts (``{episode_dir}/../x`` is not inside).
-    """
-    where = Path(cwd) if cwd and EPISODE_DIR not in str(cwd) else Path.cwd()
-    args, found = list(command)[1:], []
+def _scan(args: list[str], cwd: str, real: Path, found: list[str], depth: int = 0) -> None:
+    """Add to ``found`` the arguments of ``args`` (a command's, without the program) that name state outside
+    ``{episode_dir}``; a value with blanks (a shell's ``-c`` script) is scanned as a command line too."""
     i = 0
     while i < len(args):
         arg = args[i]
@@ -247,14 +272,60 @@ def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str 
             if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
                 value, i = args[i + 1], i + 1
                 arg = f"{name} {value}"
-            if value and _STATE_NAME.search(name) and not _per_episode(value) and _path_like(value, where):
+            path_named = bool(_PATH_NAME.search(name.lstrip("-")))
+            if value and not path_named and depth < 3 and len(_words(value)) > 1:
+                _scan(_words(value), cwd, real, found, depth + 1)  # a command line (a shell's -c script)
+            elif value and ((_STATE_NAME.search(name) and _outside(value, cwd, bare_is_path=path_named))
+                            or (value.lower().endswith(_STATE_SUFFIX) and _outside(value, cwd))):
                 found.append(arg)
-        elif not _per_episode(arg) and (arg.lower().endswith(_STATE_SUFFIX) or (_spelled_as_path(arg)
-                                                                            and (where / arg).is_dir())):
+        elif depth < 3 and len(_words(arg)) > 1:
+            _scan(_words(arg), cwd, real, found, depth + 1)
+        elif _outside(arg, cwd) and (arg.lower().endswith(_STATE_SUFFIX) or _EPISODE in arg.replace(EPISODE_DIR, _EPISODE)
+                                     or _positional_place(arg, real)):
             found.append(arg)
         i += 1
+
+
+def _positional_place(arg: str, cwd: Path) -> bool:
+    """A bare argument that is a place: an existing folder spelled as a path (``./notes``, not ``notes``: a bare
+    word may be a name, such as a domain's), or one spelled explicitly (``./notes``, ``/srv/notes``, ``~/n``)
+    that does not exist yet (the server will make it). An existing file (a script) is code, not state."""
+    spelled = "/" in arg or arg in (".", "..") or arg.startswith("~")
+    if not spelled:
+        return False
+    where = Path(os.path.expanduser(arg)) if arg.startswith("~") else cwd / arg
+    explicit = arg in (".", "..") or arg.startswith(("./", "../", "/", "~"))
+    return where.is_dir() or (explicit and not where.exists())
+
+
+def shared_state_paths(command: Iterable[str], env: Mapping[str, str], cwd: str | Path | None = None) -> list[str]:
+    """Where a stdio server's command or environment names a state path outside ``{episode_dir}``: every
+    episode's server (and every gold replay's) would open the same file. ``["--db-path seed.db"]``, say.
+
+    A heuristic, by spelling: an option or variable whose name says state (``--db-path``, ``--data-dir``,
+    ``NOTES_HOME``) with a path for its value (for a name ending in a path word, such as ``--db-path``, a bare
+    word too: ``--db-path library`` is a file in the working folder), any option or variable whose value is a
+    database file (``--d x.db``), a bare argument that is a database file or a place spelled as a path
+    (``./notes``; a bare word such as ``retail`` is a name), and the same inside a shell's command string
+    (``sh -c 'exec srv --db-path x.db'``). Every value is read whole and part by part (:func:`_outside`); a
+    relative path counts whether or not it exists yet, read from the server's working folder (inside the
+    episode folder when ``cwd`` is in ``{episode_dir}``). Anything inside ``{episode_dir}`` is per episode
+    and never counts (``{episode_dir}/../x`` and ``{episode_dir}/a,/../../x`` are not inside).
+    """
+    real = Path(cwd) if cwd and EPISODE_DIR not in str(cwd) else Path.cwd()
+    base = (str(cwd).replace(EPISODE_DIR, _EPISODE) if cwd and EPISODE_DIR in str(cwd)
+            else str(real.absolute()))
+    base = posixpath.normpath(base if base.startswith("/") else f"{Path.cwd().absolute()}/{base}")
+    found: list[str] = []
+    _scan(list(command)[1:], base, real, found)
     for key, value in env.items():
-        if (_STATE_NAME.search(key) and key.upper() not in _SEARCH_PATHS and not _per_episode(value)
-                and _path_like(value, where)):
+        if key.upper() in _SEARCH_PATHS:
+            continue
+        if ((_STATE_NAME.search(key) and _outside(value, base, bare_is_path=bool(_PATH_NAME.search(key))))
+                or (value.lower().endswith(_STATE_SUFFIX) and _outside(value, base))):
             found.append(f"{key}={value}")
+        elif len(_words(value)) > 1:
+            inner: list[str] = []
+            _scan(_words(value), base, real, inner, 1)
+            found += [f"{key}: {hit}" for hit in inner]
     return found
