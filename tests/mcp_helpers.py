@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: how long a server may take to listen (start-up is a few seconds on 2 shared cores)
@@ -80,3 +81,16 @@ async def connect(url: str, token: str | None = None) -> AsyncIterator[Any]:
 def text(result: Any) -> str:
     """The text of a tool call's result."""
     return "".join(getattr(b, "text", "") for b in result.content)
+
+
+def sqlite_server_path() -> str:
+    """The stateful third-party MCP server (``mcp-server-sqlite``) in its own virtualenv; required (fails
+    under CI, skips elsewhere) when scripts/install_mcp_sqlite.sh has not installed it."""
+    from conftest import require
+
+    root = Path(__file__).resolve().parents[1]
+    venv = subprocess.run(["bash", str(root / "scripts" / "install_mcp_sqlite.sh"), "--where"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    server = Path(venv) / "bin" / "mcp-server-sqlite"
+    require(server.exists(), f"mcp-server-sqlite is not installed in {venv}: run bash scripts/install_mcp_sqlite.sh")
+    return str(server)

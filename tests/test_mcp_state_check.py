@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from conftest import require
+from mcp_helpers import sqlite_server_path
 from muarl.domain import get_domain, save_tasks
 from muarl.evaluate import summarize
 from muarl.mcp import mcp_domain
@@ -66,11 +66,7 @@ GOLDS = {
 
 @pytest.fixture(scope="module")
 def sqlite_server() -> str:
-    venv = subprocess.run(["bash", str(ROOT / "scripts" / "install_mcp_sqlite.sh"), "--where"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    server = Path(venv) / "bin" / "mcp-server-sqlite"
-    require(server.exists(), f"mcp-server-sqlite is not installed in {venv}: run bash scripts/install_mcp_sqlite.sh")
-    return str(server)
+    return sqlite_server_path()
 
 
 def _sha(path: Path) -> str:
