@@ -19,8 +19,9 @@ import ctypes
 import ctypes.util
 import functools
 
-#: glibc's mallopt parameter for the most arenas (malloc.h)
+#: glibc's mallopt parameters (malloc.h): the most arenas, and the size from which an allocation is mapped alone
 M_ARENA_MAX = -8
+M_MMAP_THRESHOLD = -3
 #: arenas the allocating threads share (glibc's default: 8 per core)
 ARENAS = 2
 
@@ -50,3 +51,10 @@ def release_freed() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def map_alone_from(size: int) -> bool:
+    """Give every allocation of ``size`` bytes or more pages of its own, returned to the system when freed
+    (``mallopt(M_MMAP_THRESHOLD)``, which also stops glibc from raising the threshold after each big free)."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, int(size)))

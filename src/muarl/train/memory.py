@@ -8,21 +8,19 @@ GPU, torch's peak allocated memory on the rank's device is logged beside it.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import resource
 import sys
 
 import torch
 
+from muarl.allocator import map_alone_from, release_freed
 from muarl.train.distributed import Dist
 
 #: ru_maxrss is in kibibytes on Linux, in bytes on macOS
 _RSS_UNIT = 1 if sys.platform == "darwin" else 1024
 #: allocations from this size up get pages of their own, returned when freed (:func:`unmap_large_frees`)
 OWN_PAGES_FROM = 4 * 2**20
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def peak_rss_gb() -> float:
@@ -50,7 +48,7 @@ def give_back_freed() -> None:
     the heap, and freeing them leaves the pages resident: a rollout copy given back before the update
     still counted in the process's memory (0.5 GiB of an 8-layer copy on each of 4 ranks) until this is
     called. On a GPU the copy lives in torch's caching allocator, which reuses it without this."""
-    _glibc("malloc_trim", 0)
+    release_freed()
 
 
 def unmap_large_frees() -> None:
@@ -64,12 +62,4 @@ def unmap_large_frees() -> None:
     beneath what is still in use: 0.7 GiB on each of 4 ranks at the update's backward (8 layers of Qwen3-0.6B's
     widths, ``benchmarks/memory_phases.py``). A fixed threshold keeps them apart."""
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        _glibc("mallopt", _M_MMAP_THRESHOLD, OWN_PAGES_FROM)
-
-
-def _glibc(name: str, *args: int) -> None:
-    """Call glibc's allocator function ``name``; nothing off Linux or on another C library (musl has neither)."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        getattr(ctypes.CDLL(None), name)(*args)
+        map_alone_from(OWN_PAGES_FROM)
