@@ -53,7 +53,7 @@ def parse_arm_recipes(values: Sequence[str] | Mapping[str, Mapping[str, Any]] | 
     """``--arm-recipe USER:KEY=VALUE,...`` (repeatable) as {user: {GRPO field: value}}, checked: USER is one
     of ``users`` (the training users), each key a GRPO option the recipe takes (not the user), each value
     of the option's type (``1e-4``, ``true``, ``15``). A mapping is taken as already parsed."""
-    from muarl.cli.demo import GRPO_OPTIONS
+    from muarl.experiments.recipe import GRPO_OPTIONS
     from muarl.train.grpo_config import GRPOConfig
 
     recipes: dict[str, dict[str, Any]] = {}

@@ -14,8 +14,8 @@ DESCRIPTION = ("From one cold start, one GRPO model per training user (same step
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from muarl.cli.demo import GRPO_OPTIONS, add_recipe_options
-    from muarl.experiments.recipe import PRESETS
+    from muarl.cli.demo import add_recipe_options
+    from muarl.experiments.recipe import GRPO_OPTIONS, PRESETS
 
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
                    help="default (the demo's recipe: two GRPO runs of about 20 minutes each on 2 cores), smoke "

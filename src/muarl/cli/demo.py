@@ -16,17 +16,12 @@ DESCRIPTION = "MUA-RL on a CPU, from the shipped cold-start base to an agent RL 
 #: DemoConfig fields of the from-random-weights recipe (``--base scratch``), shown in a group of their own
 RECIPE = ("hidden_size", "layers", "heads", "head_dim", "kv_heads", "prompt", "sft_conversations", "synth_families",
           "prefix_calls", "prefix_epochs", "prefix_batch")
-#: the nested configs' fields the demo varies, with their options (None: the field's own)
-GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "user": None, "tasks_per_step": None, "group_size": None,
-                "kl_beta": None, "num_iterations": None, "dynamic_sampling": None, "mask_truncated": None,
-                "penalize_violations": None, "violation_reward": None, "truncation_reward": None, "temperature": None, "max_new_tokens": None,
-                "max_turns": None, "max_staleness": None, "tis_cap": None}
 SFT_OPTIONS = {"epochs": "--sft-epochs", "lr": "--sft-lr", "batch_size": "--sft-batch", "fresh_ids": None}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from muarl.demo import STAGES
-    from muarl.experiments.recipe import PRESETS
+    from muarl.experiments.recipe import GRPO_OPTIONS, PRESETS
 
     p.add_argument("--preset", default="default", choices=sorted(PRESETS),
                    help="default (about 15 minutes on 2 cores), smoke (every stage in under 2 minutes) or "

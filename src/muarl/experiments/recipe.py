@@ -10,6 +10,13 @@ from typing import Any
 from muarl.train.grpo import GRPOConfig
 from muarl.train.sft import SFTConfig
 
+#: the GRPO fields the demo and the ablation vary, with their options (None: the field's own option); the
+#: ablation's recipe check reads it too, so it lives with the recipe, not the command line
+GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "user": None, "tasks_per_step": None, "group_size": None,
+                "kl_beta": None, "num_iterations": None, "dynamic_sampling": None, "mask_truncated": None,
+                "penalize_violations": None, "violation_reward": None, "truncation_reward": None, "temperature": None, "max_new_tokens": None,
+                "max_turns": None, "max_staleness": None, "tis_cap": None}
+
 #: the demo's SFT: small batches (a model this size learns per step, not per token), one conversation a row
 SFT = SFTConfig(epochs=2, lr=3e-3, batch_size=2, warmup_steps=2, max_len=0, packing=False, save_every=100,
                 report_to="tensorboard")
