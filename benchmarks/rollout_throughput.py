@@ -16,6 +16,14 @@ reuse. It reports CPU seconds as well as wall time, since wall time on a shared 
 the difference; ``--head-dim`` / ``--kv-heads`` build a random-init model with wider caches, where the
 copies weigh most.
 
+The engine runs with deterministic admission, HFPolicy's default (a pass waits until every open episode
+has asked for its turn or ended; rows ordered by episode: the samples do not depend on timing, issue 60);
+two more runs, without and with user latency, admit requests as they arrive instead
+(``BatchedGenerator.deterministic = False``, what the engine did before), on the same episodes in the same
+process, so the ratios say what reproducibility costs. Each of these four runs is repeated ``--repeats``
+times, the two modes alternating (ABBA...), and its fastest wall and CPU time kept: on a shared machine the
+order of runs otherwise moves the ratio more than the modes do.
+
 Targets (issue 3): engine >= 8x the baseline in episodes/s; tokens computed / tokens in trajectories
 <= 1.1; with 200 ms user latency, wall time <= 1.3x the run without it.
 """
@@ -131,6 +139,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--stop-bias", type=float, default=5.0)
     parser.add_argument("--latency-ms", type=float, default=200.0)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each admission mode (best kept)")
     parser.add_argument("--head-dim", type=int, default=0, help="build a model with this head width (0: --model)")
     parser.add_argument("--kv-heads", type=int, default=0, help="with --head-dim: KV heads (0: heads / 2)")
     args = parser.parse_args()
@@ -147,14 +156,32 @@ def main() -> None:
     run(policy, domain, tasks[:1], args.group, PlainUser(1), args.episodes)  # warm-up, not measured
     rows = []
     engine = policy.engine
-    for label, latency, reuse in (("engine", 0.0, True),
-                                  (f"engine + {args.latency_ms:.0f} ms user latency", args.latency_ms / 1e3, True),
-                                  ("engine, no slot reuse (copies the batch)", 0.0, False)):
-        engine.reuse_slots = reuse
-        before, rebuilds = engine.tokens_computed, engine.rebuilds
+    latency_label = f"engine + {args.latency_ms:.0f} ms user latency"
+    runs = {"engine": (0.0, True, True), latency_label: (args.latency_ms / 1e3, True, True),
+            "engine, no slot reuse (copies the batch)": (0.0, False, True),
+            "engine, admission by arrival": (0.0, True, False),
+            f"{latency_label}, by arrival": (args.latency_ms / 1e3, True, False)}
+    pairs = [("engine", "engine, admission by arrival"), (latency_label, f"{latency_label}, by arrival")]
+    order = ["engine, no slot reuse (copies the batch)"]
+    for repeat in range(max(1, args.repeats)):  # ABBA...: each mode as often first as second
+        for a, b in pairs:
+            order += [a, b] if repeat % 2 == 0 else [b, a]
+    measured: dict[str, tuple] = {}
+    holds: dict[str, int] = {}
+    samples: dict[bool, set[str]] = {True: set(), False: set()}  # distinct (tokens, log-probs) per admission mode
+    for label in order:
+        latency, reuse, deterministic = runs[label]
+        engine.reuse_slots, engine.deterministic = reuse, deterministic
+        before, rebuilds, held = engine.tokens_computed, engine.rebuilds, engine.holds
         wall, cpu, trajs = run(policy, domain, tasks, args.group, PlainUser(args.user_turns, latency), args.episodes)
-        rows.append((label, wall, cpu, trajs, engine.tokens_computed - before, engine.rebuilds - rebuilds))
-    engine.reuse_slots = True
+        best = measured.get(label)
+        measured[label] = (label, min(wall, best[1]) if best else wall, min(cpu, best[2]) if best else cpu, trajs,
+                           engine.tokens_computed - before, engine.rebuilds - rebuilds)
+        holds[label] = engine.holds - held
+        if reuse:  # the user's latency changes when a reply comes, never what it says
+            samples[deterministic].add(repr([(t.token_ids, t.logprobs) for t in trajs]))
+    rows.extend(measured[label] for label in runs)
+    engine.reuse_slots, engine.deterministic = True, True
     naive = NaivePolicy(policy.model, policy.tokenizer, 1.0, args.max_new_tokens)
     wall, cpu, trajs = run(naive, domain, base_tasks, args.group, PlainUser(args.user_turns), 1)
     rows.append(("naive baseline (1 at a time, re-prefill)", wall, cpu, trajs, naive.tokens_computed, 0))
@@ -168,11 +195,19 @@ def main() -> None:
         print(f"{label:44} {len(trajs):8d} {wall:8.2f} {cpu:8.2f} {len(trajs) / wall:7.2f} {sampled / wall:11.1f} "
               f"{computed / in_traj:16.3f} {rebuilt:8d}")
     engine_rate = len(rows[0][3]) / rows[0][1]
-    naive_rate = len(rows[3][3]) / rows[3][1]
+    naive_rate = len(rows[5][3]) / rows[5][1]
     print(f"engine / baseline episodes per second: {engine_rate / naive_rate:.1f}x (target >= 8x)")
-    print(f"wall with user latency / without: {rows[1][1] / rows[0][1]:.2f} (target <= 1.3)")
+    print(f"wall with user latency / without: {rows[1][1] / rows[0][1]:.2f}; admitting by arrival "
+          f"{rows[4][1] / rows[3][1]:.2f} (target <= 1.3)")
     print(f"slot reuse: CPU s without / with {rows[2][2] / rows[0][2]:.2f}, wall without / with "
           f"{rows[2][1] / rows[0][1]:.2f} (same episodes)")
+    print(f"deterministic admission / by arrival (same episodes): wall {rows[0][1] / rows[3][1]:.2f}, CPU s "
+          f"{rows[0][2] / rows[3][2]:.2f}; with {args.latency_ms:.0f} ms user latency: wall "
+          f"{rows[1][1] / rows[4][1]:.2f}, CPU s {rows[1][2] / rows[4][2]:.2f} "
+          f"(passes held back for an episode: {holds['engine']}, {holds[latency_label]} with latency)")
+    runs_per_mode = 2 * max(1, args.repeats)
+    print(f"distinct samplings of the same episodes in {runs_per_mode} runs with and without latency: "
+          f"{len(samples[True])} with deterministic admission, {len(samples[False])} by arrival")
 
 
 if __name__ == "__main__":

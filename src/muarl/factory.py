@@ -45,6 +45,14 @@ def split_endpoint(spec: str, kind: str) -> tuple[str, str]:
     return url, model
 
 
+def reproducible_user(spec: str | None) -> bool:
+    """Whether a ``--user`` spec plays the same way whatever the timing: the in-process users (scripted,
+    static, replay, one's own module). An LLM user behind a server is not (its server batches requests as
+    they come), so holding muarl's engine to a fixed batch order for it would only slow the run (6.3x the wall
+    time at 200 ms a reply, benchmarks/rollout_throughput.py) without making it reproducible."""
+    return not (spec or "scripted").startswith("llm")
+
+
 def make_policy(spec: str, **options: Any) -> Policy:
     """A policy from its spec; ``options`` go to the backend (temperature, max_new_tokens, seed ...)."""
     if spec in ("expert", "expert-noconfirm"):
@@ -58,7 +66,7 @@ def make_policy(spec: str, **options: Any) -> Policy:
     if spec.startswith("hf:"):
         from muarl.policies.hf import HFPolicy
 
-        keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed")
+        keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed", "deterministic")
         return HFPolicy(spec[3:], **{k: v for k, v in options.items() if k in keys and v is not None})
     if spec.startswith("vllm-server:"):
         from muarl.policies.vllm_server import ServerError, VLLMServerPolicy

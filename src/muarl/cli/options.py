@@ -146,10 +146,10 @@ def matchup_of(args: argparse.Namespace) -> tuple[Any, list[Any], Any, Any]:
 
 def make_policy(args: argparse.Namespace) -> Any:
     """The policy of ``--policy`` with the :func:`episode` options' sampling (eval, rollout, chat)."""
-    from muarl.factory import make_policy
+    from muarl.factory import make_policy, reproducible_user
 
     return make_policy(args.policy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                       seed=args.seed)
+                       seed=args.seed, deterministic=reproducible_user(getattr(args, "user", None)))
 
 
 def check_positive(args: argparse.Namespace, *names: str) -> None:

@@ -15,6 +15,15 @@ real tokens (admission prefills several requests in one pass, leaving masked hol
 fewer tokens than its bucket's longest), and positions are passed explicitly for the rotary embeddings.
 Kept apart from the policy (chat rendering, parsing, sessions) because it knows nothing of chats: it
 turns token ids into sampled token ids and their log-probs.
+
+Which rows share a pass changes the numbers (a CPU matmul's rounding depends on the batch's shape, the
+attention's on the padded width), so an engine that admits requests as they arrive samples log-probs, and
+so tokens, that depend on timing. With ``deterministic`` (:class:`~muarl.policies.hf.HFPolicy`'s
+default) the engine knows its open sessions and runs a pass only when every one of them has either
+submitted its next request or ended, then admits the requests ordered by session key, never by arrival:
+every pass is then made the same way whatever the timing, and so is everything the engine decides from
+its batch (free slots, compaction, the shared prefix). The price is that the batch waits for the slowest
+episode's tool call or user reply (``benchmarks/rollout_throughput.py`` measures it).
 """
 
 from __future__ import annotations
@@ -79,12 +88,24 @@ def _buffered_cache(model: Any, kv: KV | None, room: int, length: int | None = N
     return cache
 
 
+@dataclass(eq=False)
+class Session:
+    """An episode open on a deterministic engine (:meth:`BatchedGenerator.open_session`): the engine's
+    passes wait for it until it has a request in, has ended (:meth:`BatchedGenerator.close_session`), or
+    its ``owner`` (the asyncio task that plays it) is done or waiting on the engine for another session.
+    ``key`` orders the rows of a pass: it must not depend on timing (the episode's seed does not)."""
+
+    key: tuple
+    owner: asyncio.Task | None = None
+    closed: bool = False
+
+
 @dataclass
 class TokenSequence:
     """One episode's token state: every id so far, and the KV cache of all but the last sampled one.
 
     When ``shared`` the first ``offset`` ids live in the engine's shared prefix and ``cache`` holds only
-    the KV of the ids after it.
+    the KV of the ids after it. ``session``: its place among a deterministic engine's open sessions.
     """
 
     generator: torch.Generator
@@ -93,6 +114,7 @@ class TokenSequence:
     started: bool = False
     shared: bool = False
     offset: int = 0
+    session: Session | None = None
 
     @property
     def cached(self) -> int:
@@ -137,7 +159,8 @@ def returned_cache(out: Any) -> Any:
 class BatchedGenerator:
     """The shared engine: a queue of requests and one decode batch that requests join and leave."""
 
-    def __init__(self, model: Any, stop_ids: set[int], temperature: float, top_p: float, max_batch: int):
+    def __init__(self, model: Any, stop_ids: set[int], temperature: float, top_p: float, max_batch: int,
+                 deterministic: bool = False):
         self.model = model
         self.stop_ids = stop_ids
         self.temperature = temperature
@@ -165,6 +188,12 @@ class BatchedGenerator:
         #: event-loop rounds to wait before admitting, so the episodes released by the last step (tool
         #: calls, user replies, rendering: a few awaits each) join in one batched prefill, not one by one
         self.settle = 8
+        #: True: a pass runs only when every open session (:meth:`open_session`) has its request in or has
+        #: ended, and requests are admitted in session-key order: the batches, and so the samples, do not
+        #: depend on timing. False: requests join the running batch in arrival order (what a server does)
+        self.deterministic = deterministic
+        self.sessions: list[Session] = []  # open sessions (only a deterministic engine waits for them)
+        self.holds = 0  # times a deterministic engine held a pass back for an open session
         #: the system turn every episode of a domain opens with (policy + tool schemas: most of a prompt),
         #: computed once and attended to by all rows at once; the first opening request sets it
         self.prefix: SharedPrefix | None = None
@@ -197,9 +226,57 @@ class BatchedGenerator:
             self.wakeup = asyncio.Event()
             self.runner = loop.create_task(self._run())
         future = loop.create_future()
+        if seq.session is not None and seq.session.owner is None:  # opened outside the event loop
+            self._own(seq.session)
         self.queue.append(_Request(seq, new_ids, max_new, future, prefix_len))
         self.wakeup.set()
         return await future
+
+    # -- open sessions (deterministic admission) ----------------------------------------------------------
+    def open_session(self, key: tuple) -> Session:
+        """Register an episode the engine's passes wait for when ``deterministic`` (call it where the episode
+        is played, from its task: it becomes the session's owner). ``key`` orders its rows in a pass."""
+        session = Session(key)
+        self.sessions = [s for s in self.sessions if s.owner is None or not s.owner.done()] + [session]
+        self._own(session)
+        return session
+
+    def close_session(self, session: Session | None) -> None:
+        """The episode ended: the engine's passes stop waiting for it."""
+        if session is None or session.closed:
+            return
+        session.closed = True
+        self.sessions = [s for s in self.sessions if s is not session]
+        self._poke()
+
+    def _own(self, session: Session) -> None:
+        try:
+            session.owner = asyncio.current_task()
+        except RuntimeError:  # no running event loop: bound when it first generates
+            return
+        if session.owner is not None:
+            session.owner.add_done_callback(lambda _task: self._poke())
+
+    def _poke(self) -> None:
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+    def _held_back(self) -> bool:
+        """Whether a deterministic engine must wait before its next pass: some open session may still
+        submit a request this pass would include. It does not wait for a session whose owner is done (an
+        episode that ended without closing it) or is waiting on the engine for another of its sessions, nor
+        once the queue and the batch hold ``max_batch`` requests (no more rows could join: an asynchronous
+        stream's gate lets no more in, :class:`~muarl.train.async_rollouts.OldestFirst`)."""
+        if not self.deterministic or not self.sessions:
+            return False
+        rows = [r for r in self.rows if r is not None and r.finish is None]
+        if len(self.queue) + len(rows) >= self.max_batch:
+            return False
+        self.sessions = [s for s in self.sessions if s.owner is None or not s.owner.done()]
+        waiting = [item.seq.session for item in [*self.queue, *rows]
+                   if item.seq.session is not None and not item.future.done()]
+        served, busy = {id(s) for s in waiting}, {id(s.owner) for s in waiting if s.owner is not None}
+        return any(id(s) not in served and s.owner is not None and id(s.owner) not in busy for s in self.sessions)
 
     async def _run(self) -> None:
         assert self.wakeup is not None
@@ -210,6 +287,13 @@ class BatchedGenerator:
                     await self.wakeup.wait()
                 for _ in range(self.settle):  # let episodes whose turn just ended queue their next request
                     await asyncio.sleep(0)
+                if self._held_back():  # an open session has not asked yet: the pass must include it
+                    self.holds += 1
+                    self.wakeup.clear()  # set again by a request, a session's end or its task's
+                    await self.wakeup.wait()
+                    continue
+                if self.deterministic:  # rows in session order, never arrival order (a stable sort)
+                    self.queue.sort(key=lambda req: (0, req.seq.session.key) if req.seq.session else (1,))
                 if self.queue and self._live() < self.max_batch:
                     take = self.queue[: self.max_batch - self._live()]
                     del self.queue[: len(take)]

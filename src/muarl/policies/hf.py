@@ -5,6 +5,13 @@ cache kept between turns, the shared opening attended to once).
 Each session keeps its episode's append-only token sequence: a turn renders only the messages added since
 the last one (:meth:`~muarl.chat.ChatFormat.delta_ids`) and parses the sampled tokens into a message with
 tool calls.
+
+``deterministic`` (the default: synchronous GRPO's sampler and ``muarl eval`` get it) makes the engine's
+batches, and so every sampled token and log-prob, independent of timing: a pass waits until every open
+session has asked for its turn or ended, and rows are ordered by the session's seed
+(:class:`~muarl.policies.batched_generator.BatchedGenerator`). Weights swapped in while episodes are in
+flight (asynchronous GRPO, :meth:`HFPolicy.swapping_weights`) make the run depend on timing anyway: from
+the first swap the engine admits requests as they arrive again.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class HFPolicy(Policy):
         max_context: int = 32768,
         max_batch: int = 64,
         seed: int = 0,
+        deterministic: bool = True,
     ):
         if isinstance(model, tuple):
             self.model, self.tokenizer = model
@@ -54,12 +62,15 @@ class HFPolicy(Policy):
         self._formats: dict[str, ChatFormat] = {}
         self._sessions = 0
         stop = ChatFormat(self.tokenizer, []).stop_ids
-        self.engine = BatchedGenerator(self.model, stop, temperature, top_p, max_batch)
+        self.engine = BatchedGenerator(self.model, stop, temperature, top_p, max_batch, deterministic=deterministic)
 
     @contextlib.contextmanager
     def swapping_weights(self) -> Iterator[None]:
         """The model's weights change while episodes are in flight: between two passes of the engine (its
-        lock), and the shared opening's cached KV recomputed with the new weights before the next."""
+        lock), and the shared opening's cached KV recomputed with the new weights before the next. Which
+        tokens meet which weights then depends on timing, so the engine stops waiting for every open session
+        (deterministic admission would only slow such a run down)."""
+        self.engine.deterministic = False
         with self.engine.lock:
             yield
             self.weights_updated()
@@ -82,8 +93,11 @@ class HFPolicy(Policy):
     def session(self, domain: Domain, task: Task, seed: int | None = None) -> HFSession:
         self._sessions += 1
         which = self._sessions if seed is None else f"episode {seed}"
-        generator = torch.Generator(device=self.engine.device).manual_seed(episode_seed(self.seed, task.id, which) >> 1)
-        return HFSession(self, self.chat_format(domain), TokenSequence(generator=generator))
+        seed_bits = episode_seed(self.seed, task.id, which) >> 1
+        generator = torch.Generator(device=self.engine.device).manual_seed(seed_bits)
+        # a deterministic engine orders its rows by this key: the episode's seed, not when it asked
+        session = self.engine.open_session((seed_bits, self._sessions))
+        return HFSession(self, self.chat_format(domain), TokenSequence(generator=generator, session=session))
 
 
 class HFSession(PolicySession):
@@ -123,6 +137,7 @@ class HFSession(PolicySession):
     def close(self) -> dict[str, Any]:
         """Free the KV cache; report whether a full re-render would have tokenized differently."""
         self.seq.cache = None
+        self.policy.engine.close_session(self.seq.session)
         ids = self.seq.ids
         return {"drift": self.chat.drifted(ids, self.messages) if self.messages else False,
                 "append_only": self.append_only}

@@ -217,8 +217,10 @@ class RolloutStream:
         self.gate: OldestFirst | None = None
         from muarl.policies.batched_generator import BatchedGenerator
 
-        if self.oldest_first and isinstance(engine, BatchedGenerator):  # a vLLM engine schedules on its own
-            self.gate = OldestFirst(engine.max_batch)
+        if isinstance(engine, BatchedGenerator):  # a vLLM engine schedules on its own
+            engine.deterministic = False  # the stream is timing-dependent by design: admission by arrival
+            if self.oldest_first:
+                self.gate = OldestFirst(engine.max_batch)
         self.thread = threading.Thread(target=self._thread, name="muarl-rollouts", daemon=True)
 
     # -- the stream's thread ---------------------------------------------------------------------------------

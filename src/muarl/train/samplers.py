@@ -67,16 +67,18 @@ class HFSampler(_Unsynced):
     """muarl's own engine (:class:`~muarl.policies.hf.HFPolicy`) on the trainer's model object: the weights
     are shared, so there is nothing to sync."""
 
-    def __init__(self, model: Any, tokenizer: Any, temperature: float, max_new_tokens: int):
+    def __init__(self, model: Any, tokenizer: Any, temperature: float, max_new_tokens: int,
+                 deterministic: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
+        self.deterministic = deterministic  # a fixed batch order (muarl.policies.hf): same run, any timing
 
     def policy(self, seed: int) -> Policy:
         from muarl.policies.hf import HFPolicy
         # a fresh policy per batch: its sampling generators depend on (seed, task, episode order) only, so a
         # resumed run samples what an uninterrupted one would have sampled
         return HFPolicy((causal_lm(self.model), self.tokenizer), temperature=self.temperature,
-                        max_new_tokens=self.max_new_tokens, seed=seed)
+                        max_new_tokens=self.max_new_tokens, seed=seed, deterministic=self.deterministic)
 
 
 class VLLMSampler:
@@ -512,4 +514,7 @@ def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = No
                                       config.max_new_tokens, lora_rank=config.lora_r if lora else 0,
                                       sleep=config.vllm_sleep,
                                       dtype="bfloat16" if bf16 else "float32", seed=config.seed, **options)
-    return HFSampler(model, tokenizer, config.temperature, config.max_new_tokens)
+    from muarl.factory import reproducible_user
+
+    return HFSampler(model, tokenizer, config.temperature, config.max_new_tokens,
+                     deterministic=reproducible_user(config.user) and not config.max_staleness)
