@@ -13,7 +13,7 @@ base), domain (retail-lite), episode settings (the demo's GRPO recipe) and ``llm
 - ``grpoN``: a real ``train_grpo`` run (``benchmarks/async_grpo.py``'s) with ``--max-staleness N``;
   ``grpo1:fcfs`` serves the engine's batch first come first served instead of oldest group first,
   ``:noend`` lets the stream start groups past the run's last step (both: the stream before the fixes of
-  docs/research/async-throughput.md); decode passes are also timed inside and outside the updates;
+  research/async-throughput.md); decode passes are also timed inside and outside the updates;
 - any run with ``:unfused``: the engine's attention with the rows' own part in separate passes (as before
   ``muarl.attention._own_part`` ran it in PyTorch's fused CPU kernel).
 

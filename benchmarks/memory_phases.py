@@ -8,7 +8,7 @@ the phases began) into ``--into`` (default ``./memory-phases``), and rank 0 prin
         grpo --model CHECKPOINT --domain retail-lite --fsdp --steps 1 ...
 
 ``benchmarks/fsdp_startup_memory.py`` gives the peak of the whole run; this says which phase makes it
-(docs/research/benchmarks.md, "Start-up and rollout copies of a sharded run").
+(research/benchmarks.md, "Start-up and rollout copies of a sharded run").
 """
 
 from __future__ import annotations

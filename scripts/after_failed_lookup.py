@@ -4,7 +4,7 @@
 
 For every episode with an identity lookup (a tool named ``find_*``) that answered an error: is the agent's
 next message a question to the user (the policy's way) or another tool call, and did the episode write
-while nobody was authenticated. The mechanism behind the demo's violations (docs/research/rl-beats-cold-start.md).
+while nobody was authenticated. The mechanism behind the demo's violations (research/rl-beats-cold-start.md).
 """
 
 from __future__ import annotations

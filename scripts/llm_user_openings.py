@@ -3,7 +3,7 @@
 The first message of each of the first N dev tasks of a domain, greedy, under muarl's LLM-user prompt
 (``muarl.users.llm.SYSTEM_PROMPT``) and under a short one, generated together by muarl's engine in process.
 An opening counts as the customer's when it names the matter (order, cancel, refund, ...) and does not speak
-as the agent (the user slip ``as_agent``'s check, ``muarl.users.slips.AS_AGENT``). docs/research/llm-user-pilot.md.
+as the agent (the user slip ``as_agent``'s check, ``muarl.users.slips.AS_AGENT``). research/llm-user-pilot.md.
 
     python scripts/llm_user_openings.py --tasks 20      # about a minute on 2 cores
     python scripts/llm_user_openings.py --model runs/user-sft/model   # a user model of one's own

@@ -1,6 +1,7 @@
 """The command line's options against their single definitions: every training config field is exactly one
-option with help, a value given reaches the config, the README's tables name the parser's options, and every
-command line the README and docs show still parses (issue 30, item 1). Parsing only: nothing is trained."""
+option with help, a value given reaches the config, the command table (docs/cli.md) names the parser's options, and
+every command line the README, docs and research show still parses (issue 30, item 1). Parsing only: nothing is
+trained."""
 
 from __future__ import annotations
 
@@ -134,8 +135,9 @@ def _flags(text: str) -> set[str]:
 
 
 def _command_table() -> dict[str, str]:
-    """The README's command table: each command's row text (the ``(sft and grpo)`` row under that name)."""
-    section = (ROOT / "README.md").read_text().split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
+    """The command table of docs/cli.md (moved there from the README): each command's row text (the
+    ``(sft and grpo)`` row under that name)."""
+    section = (ROOT / "docs" / "cli.md").read_text().split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         found = re.match(r"\| (?:`muarl ([a-z-]+)|\((sft and grpo)\))", line)
@@ -144,7 +146,7 @@ def _command_table() -> dict[str, str]:
     return rows
 
 
-def test_readme_command_table_matches_the_parser() -> None:
+def test_command_table_matches_the_parser() -> None:
     """Every option a row names exists; the sft and grpo rows (with the shared row) name every option of
     theirs (``--x`` or ``--no-x`` for a yes/no option; ``--data DIR`` is documented above the table)."""
     rows, commands = _command_table(), _subparsers()
@@ -152,12 +154,12 @@ def test_readme_command_table_matches_the_parser() -> None:
     for name, row in rows.items():
         for command in (["sft", "grpo"] if name == "sft and grpo" else [name]):
             known = {s for a in commands[command]._actions for s in a.option_strings}
-            assert _flags(row) <= known, f"README names options {command} lacks: {sorted(_flags(row) - known)}"
+            assert _flags(row) <= known, f"docs/cli.md names options {command} lacks: {sorted(_flags(row) - known)}"
     for command in ("sft", "grpo"):
         documented = _flags(rows[command]) | _flags(rows["sft and grpo"])
         missing = [a.option_strings[0] for a in _options(commands[command])
                    if a.dest != "data_dir" and not documented & set(a.option_strings)]
-        assert not missing, f"the README's {command} rows do not name {missing}"
+        assert not missing, f"docs/cli.md's {command} rows do not name {missing}"
 
 
 def test_training_docs_options_table_names_real_options() -> None:
@@ -169,12 +171,13 @@ def test_training_docs_options_table_names_real_options() -> None:
 
 
 def documented_command_lines() -> list[tuple[str, list[str]]]:
-    """Every ``muarl COMMAND ...`` line of a fenced code block in the README and docs, as arguments (lines
-    with placeholders such as ``...`` or ``[--x]`` left out)."""
+    """Every ``muarl COMMAND ...`` line of a fenced code block in the README, docs and research (the lab
+    notebook), as arguments (lines with placeholders such as ``...`` or ``[--x]`` left out)."""
     commands = list(_subparsers(build_parser(only="")))
     pattern = re.compile(r"(?:^|[\s/])muarl\s+(" + "|".join(map(re.escape, commands)) + r")(?=\s|$)")
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "research").rglob("*.md"))]
+    for path in pages:
         fenced, block = False, []
         for line in path.read_text().splitlines():
             if line.lstrip().startswith("```"):

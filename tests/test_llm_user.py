@@ -564,7 +564,7 @@ def test_user_llm_serves_smollm2_for_the_run_and_stops_it(tmp_path):
 
 def test_answering_a_question_or_proposal_made_again_the_same_way_is_not_an_ignored_reply() -> None:
     """An agent that could not find the account asks for the same facts again: the user repeating them word
-    for word answers it (a user model did so in the pilot of docs/research/llm-user-pilot.md, flagged before);
+    for word answers it (a user model did so in the pilot of research/llm-user-pilot.md, flagged before);
     repeating a message without the fact asked for is still an ignored reply. A wrong proposal made again and
     rejected or corrected again the same way is answered; a restatement the proposal did not touch is not."""
     from muarl.types import Message

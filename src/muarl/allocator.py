@@ -7,7 +7,7 @@ caches are built, copied and dropped in every size by worker threads (:mod:`muar
 than it uses: replaying a GRPO step's user traffic (64 conversations, the user model), 9.6 GiB resident of
 which 2.6 GiB live (what ``malloc_trim`` leaves), and the embedded user server of a 20-step ablation reached
 22.7 GB and ran a 24 GiB machine out of memory. Two arenas and a ``malloc_trim`` every few seconds keep it at
-2.7 GiB in the same time (docs/research/llm-user-pilot.md; ``benchmarks/user_server_memory.py``). A fixed
+2.7 GiB in the same time (research/llm-user-pilot.md; ``benchmarks/user_server_memory.py``). A fixed
 1 MiB mmap threshold kept as little but cost 15% more time, each large block being mapped and zeroed afresh.
 
 Only glibc has these calls; elsewhere they do nothing and return False.

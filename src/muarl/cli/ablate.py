@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its recorded recipe, seed and cold start are exactly this run's)")
     p.add_argument("--arm-recipe", action="append", metavar="USER:KEY=VALUE,...",
                    help="GRPO settings of one arm only (repeatable), e.g. static:lr=5e-5,kl_beta=0.04: a baseline "
-                        "tuned on its own (docs/research/user-in-the-loop-ablation.md); recorded, and shown beside "
+                        "tuned on its own (research/user-in-the-loop-ablation.md); recorded, and shown beside "
                         "the arm's name")
     add_recipe_options(p, {k: v for k, v in GRPO_OPTIONS.items() if k != "user"})
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -46,7 +46,7 @@ def add_recipe_options(p: argparse.ArgumentParser, grpo_options: dict[str, str |
     grpo = p.add_argument_group("the GRPO stage (muarl grpo's options; default: the preset's)")
     add_config_options(grpo, GRPOConfig, {name: c.grpo for name, c in PRESETS.items()}, only=grpo_options,
                        flags={k: v for k, v in grpo_options.items() if v}, dest_prefix="grpo.")
-    recipe = p.add_argument_group("with --base scratch: the model and SFT recipe (docs/research/; default: the "
+    recipe = p.add_argument_group("with --base scratch: the model and SFT recipe (research/; default: the "
                                   "preset's)")
     add_config_options(recipe, DemoConfig, PRESETS, only=RECIPE)
     add_config_options(recipe, SFTConfig, {name: c.sft for name, c in PRESETS.items()}, only=SFT_OPTIONS,

@@ -20,7 +20,7 @@ GRPO_OPTIONS = {"steps": "--grpo-steps", "lr": "--grpo-lr", "user": None, "tasks
 #: the demo's SFT: small batches (a model this size learns per step, not per token), one conversation a row
 SFT = SFTConfig(epochs=2, lr=3e-3, batch_size=2, warmup_steps=2, max_len=0, packing=False, save_every=100,
                 report_to="tensorboard")
-#: the demo's GRPO: the measured recipe of docs/research/rl-beats-cold-start.md. 45 steps at lr 2e-4 with two
+#: the demo's GRPO: the measured recipe of research/rl-beats-cold-start.md. 45 steps at lr 2e-4 with two
 #: updates per batch of rollouts (GRPO's mu), no KL term, run-on episodes out of the gradient; a rule-breaking
 #: episode trains as a plain failure: below 0 lowered violations but cut the success gain (seed 2: -1 gave
 #: +0.035, -0.25 gave +0.075, 0 gave +0.185). Its temperature, token and turn limits are the evaluations' too.
@@ -48,7 +48,7 @@ class DemoConfig:
     The SFT and GRPO stages' settings are whole :class:`~muarl.train.sft.SFTConfig` and
     :class:`~muarl.train.grpo.GRPOConfig` objects (``sft``, ``grpo``), not copies of their fields: a training
     option is defined once, and the demo's command line offers the ones it varies (:mod:`muarl.cli.demo`).
-    The defaults are the measured recipe of docs/research/rl-beats-cold-start.md: RL on users who behave
+    The defaults are the measured recipe of research/rl-beats-cold-start.md: RL on users who behave
     otherwise than the cold start's (most forgot their email).
     """
 

@@ -1,7 +1,7 @@
 """``muarl pretrain``: the cold-start base, trained on an unlimited stream of expert conversations.
 
 A model trained from random weights on a fixed data set memorizes its few hundred identifiers instead of
-learning to copy them, and then fails every held-out write (README, "The CPU demo"; docs/research/).
+learning to copy them, and then fails every held-out write (README, "The CPU demo"; research/).
 Here no conversation is ever seen twice: the stream is cut into *chunks*, each a freshly generated
 database (its own users, orders and ids) whose training tasks the expert plays against the scripted
 user, and every identifier is renamed again as it is trained on (:mod:`muarl.train.fresh_ids`). The only

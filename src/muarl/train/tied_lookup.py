@@ -10,7 +10,7 @@ still held. Here the lookup is not an edge into the weight at all: its backward 
 weight's ``.grad`` in place, which autograd has by then filled with the head's gradient (an
 ``AccumulateGrad`` node runs as soon as it is ready, and the head's backward is the weight's only edge). The
 weight's gradient is the same sum; FSDP2 reads it after the whole backward (the root's post-backward), as
-before. Measured by ``benchmarks/fsdp_startup_memory.py`` (docs/research/benchmarks.md).
+before. Measured by ``benchmarks/fsdp_startup_memory.py`` (research/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class ScriptedUser(UserSimulator):
 
 def reconfirming() -> ScriptedUser:
     """The scripted user that answers a proposal made again after its yes, twice per goal at most
-    (``--user muarl.users.scripted:reconfirming``; docs/research/scripted-user-reconfirm.md: it trained a
+    (``--user muarl.users.scripted:reconfirming``; research/scripted-user-reconfirm.md: it trained a
     worse agent than the shipped user on dev, so it is not the default)."""
     return ScriptedUser(reconfirm=2)
 

@@ -25,7 +25,7 @@ a person can judge. Any user is checked, the scripted one too (it should score n
   Before this rule, a bad agent's garbled proposals made 0.13-0.30 of the scripted user's episodes flagged.
 - ``as_agent``: a user message speaks as the agent: offers help ("how can I help you?", "I'm here to
   help") or calls itself the agent or an assistant. SmolLM2-135M opens this way on 20 of 20 dev tasks
-  (docs/research/llm-user-pilot.md).
+  (research/llm-user-pilot.md).
 """
 
 from __future__ import annotations

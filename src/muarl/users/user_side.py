@@ -1,7 +1,7 @@
 """The user's side of a conversation as an SFT record: data to teach an LLM to play the customer.
 
 A small instruction-tuned model asked to play a customer answers as the agent (SmolLM2-135M: 20 of 20
-openings, docs/research/llm-user-pilot.md). A simulated user that already plays the part (the scripted
+openings, research/llm-user-pilot.md). A simulated user that already plays the part (the scripted
 user) gives the lines to learn from: the same synthesised conversations the agent's cold start is made of,
 seen from the other chair. Each record is what :class:`muarl.users.llm.LLMUserSession` sends its endpoint,
 so a model fine-tuned on them (``muarl sft``) meets at serving time exactly the prompt it learned under:

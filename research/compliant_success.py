@@ -1,8 +1,8 @@
 """Success without a policy violation (reward 1 and no violation), per arm of `muarl ablate` runs, and the
 differences between arms clustered by task over the seeds given: what pass^1 cannot see when one arm's
-successes break the domain's rules (docs/research/user-in-the-loop-ablation.md).
+successes break the domain's rules (research/user-in-the-loop-ablation.md).
 
-    python docs/research/compliant_success.py runs/ablate-tuned-s0 runs/ablate-tuned-s1 [--user scripted]
+    python research/compliant_success.py runs/ablate-tuned-s0 runs/ablate-tuned-s1 [--user scripted]
 """
 
 from __future__ import annotations
