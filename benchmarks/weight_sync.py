@@ -1,5 +1,5 @@
 """A full-weight sync into a vLLM server, in memory (``--vllm-weight-sync memory``: buckets broadcast over a
-process group with the server's worker, :mod:`muarl.policies.weight_link`) against through a file
+process group with the server's worker, :mod:`muarl.weight_sync.link`) against through a file
 (``file``: safetensors written, then reloaded by the server), on the same server and weights, alternated.
 
 A random-weight model of Qwen3-0.6B's widths with ``--layers`` layers (``fsdp_startup_memory.py``'s
@@ -85,15 +85,15 @@ def main() -> None:
 
     from muarl.models import load
     from muarl.policies.vllm_server import VLLMServerPolicy
-    from muarl.train.weights import merged_weights
+    from muarl.weight_sync.servers import ServerSync
 
     root = Path(args.dir)
     model_dir = root / f"qwen3-{args.layers}l"
     count = checkpoint(model_dir, args.layers)
     print(f"model: {count / 1e6:.0f}M parameters, {model_dir}", flush=True)
     proc, url = launch(model_dir, args.python or _vllm_python(), root / "server.log")
-    policies = {way: VLLMServerPolicy(url, "bench", weight_sync=way, sync_dir=root / "sync")
-                for way in ("memory", "file")}
+    policies = {way: VLLMServerPolicy(url, "bench") for way in ("memory", "file")}
+    syncs = {way: ServerSync([policy], lora=False, how=way, sync_dir=root / "sync") for way, policy in policies.items()}
     try:
         model, tokenizer = load(str(model_dir))
         ids = tokenizer("I would like to return the order I placed last week, please.")["input_ids"]
@@ -106,11 +106,11 @@ def main() -> None:
                     for p in model.parameters():
                         p.add_(1e-3 * torch.randn_like(p))
                 began = time.perf_counter()
-                policy.sync_weights(merged_weights(model))
+                syncs[way].push(model)
                 seconds[way].append(time.perf_counter() - began)
-                moved[way] = policy.sync_bytes
+                moved[way] = syncs[way].sync_bytes
                 gap = _gap(policy, model, ids)
-                print(f"round {round_no + 1} {way}: {seconds[way][-1]:.2f} s, {policy.sync_bytes / 1e9:.2f} GB, "
+                print(f"round {round_no + 1} {way}: {seconds[way][-1]:.2f} s, {moved[way] / 1e9:.2f} GB, "
                       f"server vs trainer log-probs {gap:.1e}", flush=True)
                 if gap > 1e-2:
                     sys.exit(f"weight_sync: after a {way} sync the server's log-probs are {gap:.2e} off the trainer's")
@@ -118,7 +118,8 @@ def main() -> None:
         print(f"weight sync into a vLLM server, memory vs file: {file / memory:.2f}x (memory {memory:.2f} s, "
               f"{moved['memory'] / 1e9:.2f} GB; file {file:.2f} s, {moved['file'] / 1e9:.2f} GB)")
     finally:
-        for policy in policies.values():
+        for way, policy in policies.items():
+            syncs[way].close()
             policy.close()
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)

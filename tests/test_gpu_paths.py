@@ -20,10 +20,9 @@ import pytest
 import torch
 
 from muarl.algorithms import get_algorithm
-from muarl.models import load
+from muarl.models import causal_lm, load
 from muarl.train.distributed import Dist
 from muarl.train.grpo_config import GRPOConfig
-from muarl.train.weights import causal_lm
 
 TESTS = Path(__file__).parent
 

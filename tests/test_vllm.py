@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from muarl.policies.vllm_engine import INSTALL_HINT, available
-from muarl.train.weights import merged_weights
 from train_fixtures import LoraSettings
 
 pytestmark = pytest.mark.skipif(not available(), reason=f"vLLM is not importable here. {INSTALL_HINT}")
@@ -392,9 +391,20 @@ def _changed_as_the_trainer(policy, before_model, after_model, trajectories, lor
     return largest
 
 
-def _two_lora_steps(policy) -> tuple:
-    """Two GRPO steps of a rank-4 adapter on the policy's own rollouts, the adapter synced after each and
-    the engine checked against the trainer (:func:`_changed_as_the_trainer`); (model, largest change)."""
+def _sync_of(policy, lora: bool = False, **options):
+    """The weight sync a trainer uses for ``policy`` (muarl.weight_sync): a server's, or the in-process
+    engine's; the caller closes it before the policy."""
+    from muarl.policies.vllm_server import VLLMServerPolicy
+    from muarl.weight_sync.engine import EngineSync
+    from muarl.weight_sync.servers import ServerSync
+
+    return ServerSync([policy], lora, **options) if isinstance(policy, VLLMServerPolicy) else EngineSync(policy, lora)
+
+
+def _two_lora_steps(policy, sync) -> tuple:
+    """Two GRPO steps of a rank-4 adapter on the policy's own rollouts, the adapter synced after each
+    (``sync``: :func:`_sync_of`) and the engine checked against the trainer (:func:`_changed_as_the_trainer`);
+    (model, largest change)."""
     from muarl.train.weights import load_trainable
 
     good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
@@ -404,7 +414,7 @@ def _two_lora_steps(policy) -> tuple:
     for _ in range(2):
         before = copy.deepcopy(model).requires_grad_(False)
         _grpo_step(model, None, good, bad, lr=1e-2)
-        policy.sync_lora(model)
+        sync.push(model)
         largest = _changed_as_the_trainer(policy, before, model, [good, bad], policy.lora)
         for traj in (good, bad):
             traj.logprobs = _engine_scores(policy, traj.token_ids, policy.lora).mul(
@@ -419,12 +429,13 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
     from muarl.train.weights import load_trainable
 
     policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=5)
+    sync = _sync_of(policy)
     try:
         good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
         model, _ = load("tiny")
         before = copy.deepcopy(model).requires_grad_(False)
         _grpo_step(model, before, good, bad)
-        policy.sync_weights(merged_weights(model))
+        sync.push(model)
         assert policy.engine.stats.weight_syncs == 1
         largest = _changed_as_the_trainer(policy, before, model, [good, bad])
         print(f"full sync: largest log-prob change {largest:.3f}")
@@ -440,12 +451,13 @@ def test_full_weight_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
             for name, p in adapted.named_parameters():
                 if "lora_B" in name:
                     p.add_(0.05 * torch.randn_like(p))
-        policy.sync_weights(merged_weights(adapted))
+        sync.push(adapted)
         for traj in (good, bad):
             mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
             engine = _engine_scores(policy, traj.token_ids)[mask]
             assert torch.allclose(engine, _trainer_scores(adapted, traj.token_ids)[mask], atol=TOLERANCE)
     finally:
+        sync.close()
         policy.close()
 
 
@@ -487,11 +499,13 @@ def test_lora_sync_after_a_grpo_step_moves_the_engine_as_the_trainer():
     from muarl.policies.vllm import VLLMPolicy
 
     policy = VLLMPolicy("tiny", temperature=1.0, max_new_tokens=24, seed=7, enable_lora=True)
+    sync = _sync_of(policy, lora=True)
     try:
-        _, largest = _two_lora_steps(policy)
+        _, largest = _two_lora_steps(policy, sync)
         print(f"LoRA sync: largest log-prob change {largest:.3f}")
         assert largest > 0.01
     finally:
+        sync.close()
         policy.close()
 
 
@@ -500,14 +514,16 @@ def test_server_lora_sync_in_place_moves_the_server_as_the_trainer(vllm_server):
     POST /v1/load_lora_adapter with load_inplace (no restart); its log-probs move as the peft model's."""
 
     policy = _server_policy(vllm_server, max_new_tokens=24, seed=7)
+    sync = _sync_of(policy, lora=True)
     try:
-        model, largest = _two_lora_steps(policy)
-        assert [p.name for p in policy.sync_dir.iterdir()] == ["lora-00002"]  # the previous sync's is gone
+        model, largest = _two_lora_steps(policy, sync)
+        assert [p.name for p in sync.files.directory.iterdir()] == ["lora-00002"]  # the previous sync's is gone
         # new rollouts sample with the adapter, their log-probs those of the trainer's peft model
         for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
             trainer, engine = _recomputed(model, traj, 1.0)
             assert torch.allclose(trainer, engine, atol=TOLERANCE)
     finally:
+        sync.close()
         policy.close()
     print(f"server LoRA sync: largest log-prob change {largest:.3f}")
     assert largest > 0.01
@@ -526,30 +542,30 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server, we
     tiny model's 2.8 MB go in several) or saved as safetensors and read back (file)."""
     from muarl.models import load
 
-    policy = _server_policy(vllm_server, max_new_tokens=24, seed=5, weight_sync=weight_sync)
+    policy = _server_policy(vllm_server, max_new_tokens=24, seed=5)
+    sync = _sync_of(policy, how=weight_sync, bucket_bytes=300_000)
     try:
         good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
         model, _ = load("tiny")
         start = copy.deepcopy(model).requires_grad_(False)
         _grpo_step(model, start, good, bad)
-        if weight_sync == "memory":
-            policy.weight_link().bucket_bytes = 300_000
-        policy.sync_weights(merged_weights(model))
+        sync.push(model)
         assert policy.engine.stats.weight_syncs == 1
-        assert (policy.link is not None) == (weight_sync == "memory")
-        assert (policy.sync_bytes == _model_bytes(model)) == (weight_sync == "memory"), policy.sync_bytes
-        assert not list(policy.sync_dir.iterdir()) or weight_sync == "file"  # memory: no file written
+        assert (sync.link is not None) == (weight_sync == "memory")
+        assert (sync.sync_bytes == _model_bytes(model)) == (weight_sync == "memory"), sync.sync_bytes
+        assert not list(sync.files.directory.iterdir()) or weight_sync == "file"  # memory: no file written
         largest = _changed_as_the_trainer(policy, start, model, [good, bad])
         for traj in _rollouts(policy, tasks=1, group=2, max_turns=2):
             trainer, engine = _recomputed(model, traj, 1.0)
             assert torch.allclose(trainer, engine, atol=TOLERANCE)
         # back to the starting weights: the server scores as the untouched model again
-        policy.sync_weights(merged_weights(start))
+        sync.push(start)
         for traj in (good, bad):
             mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
             assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
                                   atol=TOLERANCE)
     finally:
+        sync.close()
         policy.close()
     print(f"server full sync: largest log-prob change {largest:.3f}")
     assert largest > 0.05
@@ -563,20 +579,22 @@ def test_a_server_that_cannot_reach_the_trainer_fails_the_sync_in_one_line_withi
     is left serving."""
     import time
 
-    import muarl.policies.weight_link as link
+    import muarl.weight_sync.link as link
     from muarl.models import load
-    from muarl.policies.weight_link import LinkFailed
+    from muarl.weight_sync import SyncFailed
 
     monkeypatch.setattr(link, "local_address", lambda url: "10.255.255.1")
     monkeypatch.setattr(link, "CONNECT_TIMEOUT_S", 4.0)
     policy = _server_policy(vllm_server)
+    sync = _sync_of(policy)
     try:
         began = time.monotonic()
-        with pytest.raises(LinkFailed, match="could not be opened") as failed:
-            policy.sync_weights(merged_weights(load("tiny")[0]))
+        with pytest.raises(SyncFailed, match="could not be opened") as failed:
+            sync.push(load("tiny")[0])
         assert time.monotonic() - began < 40, time.monotonic() - began
         assert "--vllm-weight-sync file" in str(failed.value) and "\n" not in str(failed.value), failed.value
     finally:
+        sync.close()
         policy.close()
     again = _server_policy(vllm_server)  # the server was not paused or broken by it
     try:
@@ -594,17 +612,18 @@ def test_a_server_without_the_receiver_takes_full_weights_through_files_and_says
     proc, url = _launch_server(tmp_path, receiver=False)
     try:
         policy = _server_policy(url)
+        sync = _sync_of(policy)
         try:
             model, tokenizer = load("tiny")
             torch.manual_seed(0)
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.02 * torch.randn_like(p))
-            policy.sync_weights(merged_weights(model))
+            sync.push(model)
             warned = [line for line in capsys.readouterr().err.splitlines() if "weight receiver" in line]
             assert len(warned) == 1 and url in warned[0] and "safetensors files" in warned[0], warned
-            assert policy.link is None and policy.engine.stats.weight_syncs == 1
-            assert policy.sync_bytes > _model_bytes(model)  # a file: the tensors and its header
+            assert sync.link is None and policy.engine.stats.weight_syncs == 1
+            assert sync.sync_bytes > _model_bytes(model)  # a file: the tensors and its header
             ids = tokenizer("I want to return order #W123, please.")["input_ids"]
             assert torch.allclose(_engine_scores(policy, ids)[1:], _trainer_scores(model, ids)[1:], atol=TOLERANCE)
             # a route that fails inside the server drops its connection (uvicorn, after the 500): the pool must
@@ -617,6 +636,7 @@ def test_a_server_without_the_receiver_takes_full_weights_through_files_and_says
                 with policy.engine.paused():
                     pass
         finally:
+            sync.close()
             policy.close()
     finally:
         _stop_server(proc)
@@ -1023,9 +1043,11 @@ def _restore(url: str) -> None:
     from muarl.models import load
 
     policy = _server_policy(url)
+    sync = _sync_of(policy)
     try:
-        policy.sync_weights(merged_weights(load("tiny")[0]))
+        sync.push(load("tiny")[0])
     finally:
+        sync.close()
         policy.close()
 
 

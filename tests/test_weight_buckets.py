@@ -1,4 +1,4 @@
-"""The in-memory weight sync's wire (muarl.policies.weight_buckets) without vLLM: the trainer's buckets,
+"""The in-memory weight sync's wire (muarl.weight_sync.buckets) without vLLM: the trainer's buckets,
 broadcast over a real gloo group to another process that unpacks them as a vLLM worker's receiver does,
 arrive as the trainer's tensors cast to the wire dtype. The whole path into a vLLM server is
 tests/test_vllm.py's (test_server_full_weight_sync_moves_the_server_as_the_trainer)."""
@@ -14,12 +14,12 @@ import textwrap
 import torch
 import torch.distributed as dist
 
-from muarl.policies.weight_buckets import bucket_nbytes, open_group, pack, plan
+from muarl.weight_sync.buckets import bucket_nbytes, open_group, pack, plan
 
 RECEIVER = textwrap.dedent("""
     import datetime, json, os, sys
     import torch, torch.distributed as dist
-    from muarl.policies.weight_buckets import bucket_nbytes, open_group, unpack
+    from muarl.weight_sync.buckets import bucket_nbytes, open_group, unpack
     port, out = int(sys.argv[1]), sys.argv[2]
     buckets = json.loads(sys.stdin.read())
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))

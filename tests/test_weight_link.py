@@ -1,4 +1,4 @@
-"""The in-memory weight sync's link (muarl.policies.weight_link) without vLLM or a GPU (issue 56, item 2): the
+"""The in-memory weight sync's link (muarl.weight_sync.link) without vLLM or a GPU (issue 56, item 2): the
 transport chosen up front from where every end runs, the group built when the link opens, a failed link's
 group aborted. The link is real (a gloo group, the trainer's WeightLink against muarl's WeightReceiver); the
 vLLM worker the receiver is mixed into is a stand-in in this process (its model, its reload_weights), and so
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from muarl.policies.vllm_receiver import WeightReceiver
-from muarl.policies.weight_link import LinkFailed, WeightLink, choose_backend
+from muarl.weight_sync.receiver import WeightReceiver
+from muarl.weight_sync.link import LinkFailed, WeightLink, choose_backend
 
 
 def _gpu(uuid=None, host="node-a", index=0):

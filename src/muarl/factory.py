@@ -72,7 +72,7 @@ def make_policy(spec: str, **options: Any) -> Policy:
         from muarl.policies.vllm_server import ServerError, VLLMServerPolicy
 
         url, model = split_endpoint(spec, "policy")
-        keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed", "weight_sync")
+        keys = ("temperature", "top_p", "max_new_tokens", "max_context", "max_batch", "seed")
         try:
             return VLLMServerPolicy(url, model, **{k: v for k, v in options.items() if k in keys and v is not None})
         except ServerError as err:  # unreachable, or not serving MODEL: one line, not a traceback

@@ -66,6 +66,10 @@ class RunFailed(RuntimeError):
     line and exits 1 (not 2: the command itself was well formed)."""
 
 
+class EngineFailed(RunFailed):
+    """The rollout engine failed between steps (a weight sync): the run cannot go on, and says so in one line."""
+
+
 class AllEpisodesFaulted(RunFailed):
     """Every episode of a run faulted: there is nothing to report about the agent."""
 

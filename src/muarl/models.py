@@ -182,6 +182,16 @@ def _tokenizer_of(adapters: list[Path], root: Path) -> Path:
     return next((a for a in adapters if (a / "tokenizer_config.json").exists()), root)
 
 
+def is_lora(model: Any) -> bool:
+    """Whether ``model`` is a peft (LoRA) model: an adapter on a frozen base."""
+    return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside ``model`` (a peft model's base, whose layers carry the adapter)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
 def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for a checkpoint directory, alias or LoRA adapter directory, in eval mode,
     float32 on CPU by default. An adapter is merged into its base (an ordinary model, as fast as the base),

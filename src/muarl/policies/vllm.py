@@ -23,8 +23,6 @@ version-specific API.
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +46,8 @@ class VLLMPolicy(Policy):
     ``model``: a checkpoint directory or an alias of :func:`muarl.models.resolve` (``tiny``,
     ``tiny-random``, ``smollm2``), or a LoRA adapter directory (a run's ``OUT/adapter``), served as an
     adapter on the checkpoint its config names. ``max_context`` caps an episode's tokens (default: the model's
-    context). ``enable_lora`` lets :meth:`sync_lora` serve a trained adapter; ``engine_options`` go to
+    context). ``enable_lora`` lets the engine serve a trained adapter (synced by
+    :class:`~muarl.weight_sync.engine.EngineSync`); ``engine_options`` go to
     :class:`VLLMEngine` (dtype, kv_cache_gib, vLLM engine arguments).
     """
 
@@ -80,7 +79,6 @@ class VLLMPolicy(Policy):
         if adapter is not None:
             self.lora = self.engine.lora_request(LORA_NAME, LORA_ID, str(adapter))
             self.engine.load_lora(self.lora)
-        self._lora_dir: tempfile.TemporaryDirectory | None = None
         self._formats: dict[str, ChatFormat] = {}
         self._sessions = 0
 
@@ -100,28 +98,9 @@ class VLLMPolicy(Policy):
         which = self._sessions if seed is None else f"episode {seed}"
         return VLLMSession(self, self.chat_format(domain), episode_seed(self.seed, task.id, which) >> 2)
 
-    # -- weight sync ----------------------------------------------------------------------------------
-    def sync_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Push full weights, (HF name, tensor) pairs, into the running engine (after a full fine-tuning
-        step). The trainer hands them over (:func:`muarl.train.weights.merged_weights`: a LoRA model merged
-        into its base, the route where the engine cannot serve adapters); the engine knows no trainer."""
-        self.engine.load_weights(weights)
-
-    def sync_lora(self, model: Any) -> None:
-        """Save a peft model's adapter and (re)load it into the engine in place; later turns sample with
-        it. Needs ``enable_lora=True``."""
-        if self._lora_dir is None:
-            self._lora_dir = tempfile.TemporaryDirectory(prefix="muarl-vllm-lora-")
-        model.save_pretrained(self._lora_dir.name)
-        request = self.engine.lora_request(LORA_NAME, LORA_ID, self._lora_dir.name)
-        self.engine.load_lora(request)
-        self.lora = request
-
     def close(self) -> None:
         """Shut the engine down (frees its KV cache)."""
         self.engine.close()
-        if self._lora_dir is not None:
-            self._lora_dir.cleanup()
 
 
 def served_adapter(model: str | Path) -> tuple[Path | None, Path | None]:

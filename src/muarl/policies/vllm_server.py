@@ -16,17 +16,8 @@ what is sampled. The server must be started with ``--logprobs-mode processed_log
 temperature, as the in-process engine reports them); :func:`server_command` builds a command line with
 every flag this backend relies on.
 
-Weight sync over HTTP, both written to a directory the server can read (``sync_dir``):
-
-- LoRA: the peft adapter is saved to a fresh directory per sync and loaded under one name with
-  ``POST /v1/load_lora_adapter {"load_inplace": true}`` (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``,
-  ``--enable-lora``). A fresh path per sync also keeps the prefix cache honest without dev mode: vLLM
-  hashes an adapter's blocks with its path.
-- Full weights: saved as safetensors, then the worker's in-place ``reload_weights(weights_path=...)``
-  through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``), between ``/pause?mode=wait`` and
-  ``/resume`` so no sequence is sampled from two policies.
-
-After either, ``POST /reset_prefix_cache`` (dev mode) drops the KV computed by the old weights.
+Weights reach the server through :mod:`muarl.weight_sync` (a link or files); this module is the HTTP client
+the sync drives (``/pause``, ``/resume``, ``/collective_rpc``, the LoRA routes, ``/reset_prefix_cache``).
 
 This module never imports vLLM: it runs in any environment that can reach the server.
 """
@@ -38,9 +29,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -49,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from muarl.chat import ChatFormat
-from muarl.policies.vllm import LORA_NAME, VLLMPolicy
+from muarl.policies.vllm import VLLMPolicy
 from muarl.policies.vllm_engine import EngineStats, Generation, lora_rank_slot
-from muarl.policies.vllm_receiver import RECEIVER
+from muarl.weight_sync.receiver import RECEIVER
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -77,7 +66,7 @@ def server_command(model: str | Path, *, port: int, host: str = "127.0.0.1", ser
     whose engine dies on a seeded prompt prefilled in chunks (longer than 2,048 tokens: "CPU Generator
     does not use offset"), so prompts are prefilled whole; its defaults are float32 and no CUDA graphs
     (a GPU build's: ``dtype`` "auto", the checkpoint's, and CUDA graphs), as :class:`VLLMEngine`'s. The
-    workers get muarl's weight receiver (the in-memory sync, :mod:`muarl.policies.weight_link`),
+    workers get muarl's weight receiver (the in-memory sync, :mod:`muarl.weight_sync.link`),
     importable through the returned environment."""
     dtype = dtype or ("float32" if cpu_build else "auto")
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", host,
@@ -240,14 +229,6 @@ class VLLMServer:
         """Remove the adapter ``name`` from the server (requests naming it fail with a 404 after)."""
         self.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
 
-    def reload_weights(self, path: str) -> None:
-        """Reload every weight in place from the safetensors checkpoint at ``path`` (the worker's
-        ``reload_weights``: maps Hugging Face names onto the fused layouts and repacks, as at startup),
-        with generation paused (in-flight requests finish first) and the prefix cache dropped."""
-        with self.paused():
-            self.rpc("reload_weights", weights_path=path)
-        self.stats.weight_syncs += 1
-
     def rpc(self, method: str, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker of the server (``POST /collective_rpc``, dev mode): one result
         per worker, in their rank order."""
@@ -296,23 +277,15 @@ class VLLMServerPolicy(VLLMPolicy):
     A subclass so that the episode sessions (:class:`VLLMSession`) and the chat formats are the
     in-process backend's own code; its ``__init__`` is not called because it starts an in-process engine.
     ``tokenizer``: a checkpoint directory or muarl alias with the served model's tokenizer (default: the
-    server's checkpoint directory when readable here, else ``model`` as an alias). ``sync_dir``: a
-    directory the server can read, in which this policy makes one of its own for the weights and adapters
-    it has the server load, removed on close (default: the system's temporary directory, which serves a
-    server on this machine; one on another machine needs a shared filesystem).
+    server's checkpoint directory when readable here, else ``model`` as an alias). The trainer's weights
+    reach the server through :class:`~muarl.weight_sync.servers.ServerSync`, which sets :attr:`lora` when
+    it loads an adapter.
     """
 
     def __init__(self, url: str, model: str, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 1024, max_context: int | None = None, max_batch: int = 64, seed: int = 0,
-                 tokenizer: str | Path | None = None, sync_dir: str | Path | None = None, timeout: float = 600.0,
-                 weight_sync: str = "memory"):
+                 tokenizer: str | Path | None = None, timeout: float = 600.0):
         from transformers import AutoTokenizer
-
-        if weight_sync not in ("memory", "file"):
-            raise ValueError(f"weight_sync must be memory or file, not {weight_sync!r}")
-        self.weight_sync = weight_sync
-        self._link: Any = None  # the in-memory sync's LazyLink, made at the first full-weight sync
-        self.sync_bytes = 0  # bytes the last sync moved (broadcast or written)
 
         self.engine = VLLMServer(url, model, timeout=timeout, max_batch=max_batch)  # type: ignore[assignment]
         self.name = f"vllm-server:{url}#{model}"
@@ -327,24 +300,12 @@ class VLLMServerPolicy(VLLMPolicy):
             if not limit:
                 raise ServerError(f"vLLM server {self.engine.url} reports no max_model_len for {model!r}; "
                                   "pass max_context")
-            try:
-                if sync_dir is not None:
-                    Path(sync_dir).mkdir(parents=True, exist_ok=True)
-                # a directory of this policy's own, inside ``sync_dir`` when given: runs sharing it never collide
-                self.sync_dir = Path(tempfile.mkdtemp(prefix="muarl-vllm-server-", dir=sync_dir))
-            except OSError as err:
-                raise ServerError(f"cannot make a sync directory in {sync_dir or tempfile.gettempdir()} "
-                                  f"({err.strerror or err})") from None
         except BaseException:  # no half-built policy holding connections and threads
             self.engine.close()
             raise
         self.max_context = min(max_context or limit, limit)
         self.stop_ids = ChatFormat(self.tokenizer, []).stop_ids
         self.lora: Any = None  # the adapter name every turn samples with, once one is synced
-        self._lora_dir = None
-        self._syncs = itertools.count(1)
-        self._loaded: dict[str, Path] = {}  # per kind ("weights", "lora"): the directory the server last loaded
-        self._adapter_borrowed = False  # another process loaded the adapter self.lora names
         self._formats: dict[str, ChatFormat] = {}
         self._sessions = 0
 
@@ -352,111 +313,9 @@ class VLLMServerPolicy(VLLMPolicy):
         """The name, the server and the checkpoint it was started from (weight syncs come after)."""
         return {"name": self.name, "model": str(self.path), "base_url": self.engine.url}
 
-    def _fresh_dir(self, kind: str) -> Path:
-        path = self.sync_dir / f"{kind}-{next(self._syncs):05d}"
-        path.mkdir(parents=True)
-        return path
-
-    def _loaded_from(self, kind: str, path: Path) -> None:
-        """The server has loaded ``path``: the previous directory of that kind is no longer needed. The
-        current one is kept: vLLM may read an adapter again from its path (after its LoRA state is reset)."""
-        previous = self._loaded.get(kind)
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
-        self._loaded[kind] = path
-
-    def sync_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Full weights, (HF name, tensor) pairs the trainer hands over
-        (:func:`muarl.train.weights.merged_weights`), into the server in place: broadcast over the weight
-        link (``weight_sync="memory"``, :mod:`muarl.policies.weight_link`) or written as safetensors to
-        ``sync_dir`` and reloaded from there (``"file"``, or a server without muarl's receiver)."""
-        link = self.weight_link()
-        if link is not None:
-            self.sync_bytes = link.send(weights)
-            return
-        path = self.write_sync(weights, lora=False)
-        self.load_sync(path, lora=False)
-        self.synced(path, lora=False)
-
-    def weight_link(self) -> Any:
-        """The in-memory :class:`~muarl.policies.weight_link.WeightLink` to this server (opened at the first
-        call, again after a failure); None with ``weight_sync="file"`` or when the server has no receiver
-        (said once, on stderr)."""
-        if self.weight_sync != "memory":
-            return None
-        if self._link is None:
-            from muarl.policies.weight_link import LazyLink
-
-            self._link = LazyLink([self.engine])
-        return self._link.get()
-
-    @property
-    def link(self) -> Any:
-        """The open weight link, if any."""
-        return self._link.link if self._link is not None else None
-
-    def sync_lora(self, model: Any) -> None:
-        """Save a peft model's adapter to a fresh directory and load it into the server in place; later
-        turns sample with it. The server needs ``--enable-lora`` and runtime LoRA updating."""
-        path = self.write_sync(model, lora=True)
-        self.load_sync(path, lora=True)
-        self.synced(path, lora=True)
-
-    # a sync in three parts, so that one write serves several servers (muarl.train.samplers.ServerSampler)
-    def write_sync(self, source: Any, lora: bool) -> Path:
-        """Write what a sync loads to a fresh directory of this policy's, and return it: ``lora``, the
-        adapter of ``source``, a peft model; else ``source``'s (HF name, tensor) pairs, the full weights,
-        as safetensors."""
-        from safetensors.torch import save_file
-
-        path = self._fresh_dir("lora" if lora else "weights")
-        if lora:
-            source.save_pretrained(str(path))
-            self.sync_bytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            return path
-        tensors: dict[str, Any] = {}
-        seen: set[int] = set()
-        for name, tensor in source:
-            tensor = tensor.detach().to("cpu").contiguous()
-            if tensor.data_ptr() in seen:  # tied weights (embeddings and LM head): safetensors wants copies
-                tensor = tensor.clone()
-            seen.add(tensor.data_ptr())
-            tensors[name] = tensor
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-        self.sync_bytes = (path / "model.safetensors").stat().st_size
-        return path
-
-    def load_sync(self, path: Path, lora: bool) -> None:
-        """Have the server load a directory :meth:`write_sync` wrote (this policy's or another's on the
-        same filesystem): the adapter in place, later turns sampling with it, or every weight in place."""
-        if lora:
-            self.engine.load_lora(LORA_NAME, str(path))
-            self.lora = LORA_NAME
-        else:
-            self.engine.reload_weights(str(path))
-
-    def synced(self, path: Path, lora: bool) -> None:
-        """Every server that reads ``path`` has loaded it: the previous sync's directory goes."""
-        self._loaded_from("lora" if lora else "weights", path)
-
-    def use_synced_adapter(self) -> None:
-        """Sample with the adapter another process (rank 0 of a multi-process run) had the server load;
-        unloading it stays that process's, so :meth:`close` leaves it."""
-        self.lora = LORA_NAME
-        self._adapter_borrowed = True
-
     def close(self) -> None:
-        """Unload the synced adapter, close the HTTP client, remove this policy's sync directory. The
-        unload first: a request to an adapter whose files are gone would make vLLM read them
-        again, fail, and take the whole engine down ("LoRAAdapterNotFoundError" -> EngineDeadError)."""
-        if self.lora is not None and not self._adapter_borrowed:
-            with contextlib.suppress(ServerError):  # a server already gone has nothing to unload
-                self.engine.unload_lora(self.lora)
-            self.lora = None
-        if self._link is not None:
-            self._link.close()
+        """Close the HTTP client (the server keeps running, and what a sync loaded is the sync's to unload)."""
         self.engine.close()
-        shutil.rmtree(self.sync_dir, ignore_errors=True)
 
 
 def _tokenizer_path(explicit: str | Path | None, root: str, model: str) -> Path:

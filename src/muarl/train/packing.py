@@ -119,8 +119,8 @@ def token_loss(model: torch.nn.Module, batch: Batch, varlen: bool = True) -> tup
     :func:`~muarl.attention.segment_attention` (``varlen=False``: the dense block-diagonal mask instead,
     for comparison).
     """
+    from muarl.models import causal_lm
     from muarl.train.sharding import decoder
-    from muarl.train.weights import causal_lm
 
     lm = causal_lm(model)
     # One conversation per row (right-padded) needs no mask at all: causal attention never lets a real

@@ -17,12 +17,13 @@ from typing import Any, Protocol
 
 import torch
 
-from muarl.faults import RunFailed
+from muarl.faults import EngineFailed
+from muarl.models import causal_lm, is_lora
 from muarl.policies.base import Policy, PolicySession
 from muarl.train.distributed import Dist
 from muarl.train.engine_spec import SERVER, server_endpoints
 from muarl.train.memory import give_back_freed
-from muarl.train.weights import causal_lm, is_lora, merged_weights
+from muarl.weight_sync import SyncFailed
 
 #: how many of the opening prompt's last positions :meth:`VLLMSampler.check` compares (the trainer builds
 #: a vocabulary-sized row of logits for each; the system turn of a tau2 domain is thousands of tokens)
@@ -90,12 +91,15 @@ class VLLMSampler:
     (started with ``enable_sleep_mode``; GPU builds only) and wakes for the next sync."""
 
     def __init__(self, engine_policy: Any, model: Any, lora: bool, sleep: bool = False):
+        from muarl.weight_sync.engine import EngineSync
+
         self.engine_policy, self.lora, self.sleep = engine_policy, lora, sleep
+        self.weights = EngineSync(engine_policy, lora)
         self.asleep = False
         try:
             self.sync(model)
         except BaseException:
-            engine_policy.close()
+            self.close()
             raise
 
     @classmethod
@@ -133,10 +137,7 @@ class VLLMSampler:
             if self.asleep:  # weights back from CPU memory and a fresh KV cache, then the new weights on top
                 self.engine_policy.engine.wake_up()
                 self.asleep = False
-            if self.lora:
-                self.engine_policy.sync_lora(model)
-            else:
-                self.engine_policy.sync_weights(merged_weights(model))
+            self.weights.push(model)
         except RuntimeError as err:  # the server's ServerError, the in-process engine's errors
             raise EngineFailed(f"the rollout engine {self.engine_policy.name} could not take the updated weights "
                                f"({err}); rerun the command once it is back: the run resumes from its last "
@@ -144,6 +145,7 @@ class VLLMSampler:
         return time.perf_counter() - began
 
     def close(self) -> None:
+        self.weights.close()
         self.engine_policy.close()
 
 
@@ -296,16 +298,20 @@ class ServerSampler:
     from its policy directly, as :class:`VLLMSampler` does."""
 
     def __init__(self, policies: list[Any], model: Any, lora: bool, dist: Dist | None = None,
-                 weight_sync: str = "memory"):
+                 weight_sync: str = "memory", sync_dir: str | None = None):
+        from muarl.weight_sync.servers import ServerSync
+
         self.policies, self.lora, self.dist = policies, lora, dist or Dist()
-        self.weight_sync = weight_sync
-        self.link: Any = None  # rank 0's LazyLink with every server's workers, made at the first push
-        self.sync_bytes = 0
         try:
+            self.weights = ServerSync(policies, lora, weight_sync, sync_dir)
             self.sync(model)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def sync_bytes(self) -> int:
+        return self.weights.sync_bytes
 
     def policy(self, seed: int) -> Policy:
         for policy in self.policies:
@@ -326,51 +332,21 @@ class ServerSampler:
         pass  # a server's memory is not the trainer's
 
     def sync(self, model: Any) -> float:
-        """Rank 0 pushes ``model``'s weights into every server; every rank returns once they are in (the
-        seconds it took), or raises :class:`EngineFailed` naming the servers that did not take them."""
+        """Rank 0 pushes ``model``'s weights into every server (:class:`~muarl.weight_sync.servers.ServerSync`);
+        every rank returns once they are in (the seconds it took), or raises :class:`EngineFailed` naming the
+        servers that did not take them."""
         began = time.perf_counter()
         self._on_main(lambda: self._push(model))
-        if self.lora and not self.dist.main:  # rank 0 loaded the adapter; every rank's turns sample with it
-            for policy in self.policies:
-                policy.use_synced_adapter()
+        if not self.dist.main:  # rank 0 loaded the adapter; every rank's turns sample with it
+            self.weights.follow()
         return time.perf_counter() - began
 
     def _push(self, model: Any) -> None:
-        """Full weights over the weight link when there is one: one broadcast every server takes at once
-        (:mod:`muarl.policies.weight_link`). Else write them once (into the first server's sync
-        directory, which every server reads: a shared filesystem when they run elsewhere), then load them
-        into every server at the same time."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from muarl.policies.weight_link import LazyLink, LinkFailed
-
-        if not self.lora and self.weight_sync == "memory":
-            if self.link is None:
-                self.link = LazyLink([policy.engine for policy in self.policies])
-            try:
-                link = self.link.get()
-                if link is not None:
-                    self.sync_bytes = link.send(merged_weights(model))
-                    return
-            except LinkFailed as err:
-                names = ", ".join(policy.name for policy in self.policies)
-                raise EngineFailed(f"the rollout engine {names} could not take the updated weights over the "
-                                   f"weight link ({err}); rerun the command once it is back (the run resumes "
-                                   "from its last checkpoint), or with --vllm-weight-sync file") from None
-        path = self.policies[0].write_sync(model if self.lora else merged_weights(model), self.lora)
-        self.sync_bytes = self.policies[0].sync_bytes
-        with ThreadPoolExecutor(len(self.policies), thread_name_prefix="muarl-sync") as pool:
-            loads = [pool.submit(policy.load_sync, path, self.lora) for policy in self.policies]
-        failed = [(policy, load.exception()) for policy, load in zip(self.policies, loads, strict=True)
-                  if load.exception() is not None]
-        for _, err in failed:
-            if not isinstance(err, RuntimeError):  # not a server's failure (ServerError): a bug, as it is
-                raise err
-        if failed:
-            raise EngineFailed("; ".join(f"the rollout engine {policy.name} could not take the updated weights "
-                                         f"({err})" for policy, err in failed)
-                               + "; rerun the command once it is back: the run resumes from its last checkpoint")
-        self.policies[0].synced(path, self.lora)  # every server has the new weights: the previous ones go
+        try:
+            self.weights.push(model)
+        except SyncFailed as err:
+            raise EngineFailed(f"{err}; rerun the command once it is back: the run resumes from its last "
+                               "checkpoint") from None
 
     def _on_main(self, action: Callable[[], None]) -> None:
         """Run ``action`` on rank 0 and share its outcome: a failure is raised on every rank, in the same
@@ -378,9 +354,9 @@ class ServerSampler:
         self.dist.from_main(action, shareable=(ValueError, EngineFailed))
 
     def close(self) -> None:
-        if self.link is not None:
-            self.link.close()
-            self.link = None
+        if getattr(self, "weights", None) is not None:  # its adapter unloaded before the policies close
+            self.weights.close()
+            self.weights = None
         for policy in self.policies:
             policy.close()
 
@@ -435,10 +411,6 @@ class _RoutedSession(PolicySession):
         return {**(meta or {}), "server": self.router.policies[self.server].name}
 
 
-class EngineFailed(RunFailed):
-    """The rollout engine failed between steps (a weight sync): the run cannot go on, and says so in one line."""
-
-
 def server_policies(config: Any) -> list[Any]:
     """A :class:`~muarl.policies.vllm_server.VLLMServerPolicy` on each of ``config.rollout_engine``'s
     servers, rendering episodes with the trainer's tokenizer (``config.model``); an unreachable server, or
@@ -450,7 +422,7 @@ def server_policies(config: Any) -> list[Any]:
         for url, name in server_endpoints(config.rollout_engine):
             policies.append(VLLMServerPolicy(url, name, temperature=config.temperature,
                                              max_new_tokens=config.max_new_tokens, seed=config.seed,
-                                             tokenizer=config.model, sync_dir=config.vllm_sync_dir))
+                                             tokenizer=config.model))
     except ServerError as err:
         for policy in policies:
             policy.close()
@@ -501,7 +473,8 @@ def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = No
 
     lora = config.lora_r > 0 and adapter_base(config.model) is None
     if config.rollout_engine.startswith(SERVER):  # every rank: rank 0 pushes, the others wait on it
-        return ServerSampler(server_policies(config), model, lora, dist, weight_sync=config.vllm_weight_sync)
+        return ServerSampler(server_policies(config), model, lora, dist, weight_sync=config.vllm_weight_sync,
+                             sync_dir=config.vllm_sync_dir)
     if not samples_here(config, dist):
         return Bystander()
     if config.rollout_engine == "vllm":

@@ -51,7 +51,7 @@ def is_sharded(model: Any) -> bool:
     """Whether ``model`` (or the causal LM inside a peft model) was sharded by :func:`shard`."""
     from torch.distributed.fsdp import FSDPModule
 
-    from muarl.train.weights import causal_lm
+    from muarl.models import causal_lm
 
     return isinstance(causal_lm(model), FSDPModule)
 
@@ -84,7 +84,7 @@ def shard(model: Any, dist: Dist, bf16: bool = False, offload: bool = False) -> 
         register_fsdp_forward_method,
     )
 
-    from muarl.train.weights import causal_lm
+    from muarl.models import causal_lm
 
     lm = causal_lm(model)
     mesh = init_device_mesh(dist.device.type, (dist.world,))
@@ -126,7 +126,7 @@ def idle_passes(model: Any, done: int, most: int, device: torch.device, backward
     """Run forward (and backward) passes on a two-token input with a zero loss until this rank, having run
     ``done``, has run ``most`` (:func:`pass_count`). A sharded model's every pass is a collective; the extra
     ones add exactly nothing to any gradient. Returns how many were run."""
-    from muarl.train.weights import causal_lm
+    from muarl.models import causal_lm
 
     lm = causal_lm(model)
     ids = torch.zeros(1, 2, dtype=torch.long, device=device)
@@ -343,7 +343,8 @@ def save_final_sharded(out: Path, model: Any, tokenizer: Any, config: Any, dist:
     """``out/model`` of a sharded run: the weights gathered, one parameter at a time, into an ordinary
     checkpoint on rank 0 (every rank takes part). Returns (its path, the gathered model on rank 0 and the
     sharded one elsewhere)."""
-    from muarl.train.weights import is_lora, save_final
+    from muarl.models import is_lora
+    from muarl.train.weights import save_final
 
     plain = plain_copy(config) if dist.main else None
     gather_into(model, plain, only_trainable=is_lora(model), to_main=True)

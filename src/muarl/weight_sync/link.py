@@ -1,7 +1,7 @@
 """The trainer's side of the in-memory weight sync into vLLM servers (``--vllm-weight-sync memory``, the
 default): one process group holding the trainer (rank 0) and every worker of every server, over which each
 sync broadcasts the weights in buckets of the engine's dtype (bf16 on GPUs), while each server, paused,
-reloads them into its model as they arrive (:mod:`muarl.policies.vllm_receiver`).
+reloads them into its model as they arrive (:mod:`muarl.weight_sync.receiver`).
 
 Why not the file: a full-weight sync through safetensors writes and reads the whole model per step, in the
 trainer's dtype (33 GB at 8B in float32), and needs a filesystem the servers share. Here one broadcast
@@ -32,8 +32,7 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as dist
 
-from muarl.policies.vllm_receiver import JOINED, RECEIVER
-from muarl.policies.weight_buckets import (
+from muarl.weight_sync.buckets import (
     BUCKET_BYTES,
     abort_group,
     bucket_nbytes,
@@ -44,6 +43,7 @@ from muarl.policies.weight_buckets import (
     pack,
     plan,
 )
+from muarl.weight_sync.receiver import JOINED, RECEIVER
 
 LINK_TIMEOUT_S = 600.0  # one broadcast (a bucket) may take this long before the sync fails
 CONNECT_TIMEOUT_S = 60.0  # every worker joins the group within this, or the link is refused
@@ -65,7 +65,7 @@ def local_address(url: str) -> str:
 
 
 def trainer_identity() -> dict[str, Any]:
-    """Where this process's end of a link would be (:func:`~muarl.policies.weight_buckets.device_identity`):
+    """Where this process's end of a link would be (:func:`~muarl.weight_sync.buckets.device_identity`):
     its current GPU (the one an NCCL link would use), else the CPU."""
     return device_identity(link_device("nccl") if torch.cuda.is_available() else torch.device("cpu"))
 
@@ -167,7 +167,7 @@ class WeightLink:
         return cls(servers, group, store, dtype_of(dtypes.pop()), backend, bucket_bytes)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Every server takes ``weights`` ((HF name, tensor), as :func:`muarl.train.weights.merged_weights`
+        """Every server takes ``weights`` ((HF name, tensor), as :func:`muarl.weight_sync.merged.merged_weights`
         gives them) with generation paused around it; returns the bytes broadcast. Every server must take
         them: any failure is a :class:`LinkFailed` naming the servers, and the link is broken after it."""
         if self.broken:
@@ -222,8 +222,8 @@ class LazyLink:
     """The link to ``servers``, opened at the first :meth:`get`, and again after a failure broke it (a
     restarted server gets a new one); None for good, said once on stderr, when a server has no receiver."""
 
-    def __init__(self, servers: list[Any]):
-        self.servers = servers
+    def __init__(self, servers: list[Any], bucket_bytes: int = BUCKET_BYTES):
+        self.servers, self.bucket_bytes = servers, bucket_bytes
         self.link: WeightLink | None = None
         self.absent = False  # a server without the receiver: the caller's weights go through files
 
@@ -231,7 +231,7 @@ class LazyLink:
         if self.link is not None and self.link.broken:
             self.close()
         if self.link is None and not self.absent:
-            self.link = WeightLink.open(self.servers)  # a LinkFailed leaves it unopened: the next call tries again
+            self.link = WeightLink.open(self.servers, bucket_bytes=self.bucket_bytes)  # a LinkFailed leaves it unopened: the next call tries again
             if self.link is None:
                 self.absent = True
                 print(f"muarl: warning: the vLLM server(s) {', '.join(s.url for s in self.servers)} have no muarl "

@@ -1,6 +1,6 @@
 """Weights as buckets of bytes on a process group shared by a trainer and vLLM workers: the wire format
-of the in-memory weight sync, used on both ends (:mod:`muarl.policies.weight_link`, the trainer's;
-:mod:`muarl.policies.vllm_receiver`, the server's workers').
+of the in-memory weight sync, used on both ends (:mod:`muarl.weight_sync.link`, the trainer's;
+:mod:`muarl.weight_sync.receiver`, the server's workers').
 
 Why buckets: one broadcast per tensor costs a round trip each (hundreds per model); one per model needs a
 second whole copy of the weights on both ends. A bucket of at most ``bucket_bytes`` (default 256 MiB)

@@ -1,5 +1,5 @@
 """The vLLM server's side of the in-memory weight sync: a worker extension
-(``--worker-extension-cls muarl.policies.vllm_receiver.WeightReceiver``, which
+(``--worker-extension-cls muarl.weight_sync.receiver.WeightReceiver``, which
 :func:`muarl.policies.vllm_server.server_command` adds) whose methods the trainer calls through
 ``POST /collective_rpc`` (dev mode).
 
@@ -11,7 +11,7 @@ model on either side. vLLM's ``WeightTransferEngine`` registry would need a plug
 server's environment and its trainer half needs vLLM in the trainer's; this needs neither.
 
 The methods' arguments come as JSON (the route's), the bucket plan as a JSON string. Imports torch and
-:mod:`muarl.policies.weight_buckets` only.
+:mod:`muarl.weight_sync.buckets` only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from muarl.policies.weight_buckets import (
+from muarl.weight_sync.buckets import (
     abort_group,
     bucket_nbytes,
     device_identity,
@@ -34,7 +34,7 @@ from muarl.policies.weight_buckets import (
 )
 
 #: the ``--worker-extension-cls`` a server needs for the in-memory sync
-RECEIVER = "muarl.policies.vllm_receiver.WeightReceiver"
+RECEIVER = "muarl.weight_sync.receiver.WeightReceiver"
 #: the store's count of the workers that reached it
 JOINED = "muarl-joined"
 
@@ -47,7 +47,7 @@ class WeightReceiver:
 
     def muarl_link_info(self) -> dict[str, Any]:
         """This worker's model dtype (the wire dtype the trainer casts to), rank and device: its type and, on a
-        GPU, which one (:func:`~muarl.policies.weight_buckets.device_identity`), so the trainer can tell a
+        GPU, which one (:func:`~muarl.weight_sync.buckets.device_identity`), so the trainer can tell a
         server on its own GPU, where NCCL cannot link the two, from one on another."""
         parameter = next(self.model_runner.get_model().parameters())  # type: ignore[attr-defined]
         return {"dtype": dtype_name(self.vllm_config.model_config.dtype),  # type: ignore[attr-defined]
@@ -58,7 +58,7 @@ class WeightReceiver:
         """Join the trainer's group (its TCPStore at ``host:port``, reached within ``connect_s``) as rank
         ``first_rank + self.rank``; returns once every member has joined. ``timeout_s`` bounds each
         broadcast. A link opened before is closed first. The group is in working order when this returns
-        (NCCL's communicator built: :func:`~muarl.policies.weight_buckets.open_group`)."""
+        (NCCL's communicator built: :func:`~muarl.weight_sync.buckets.open_group`)."""
         self.muarl_close_link()
         store = dist.TCPStore(host, int(port), int(world), False, timeout=datetime.timedelta(seconds=connect_s))
         store.add(JOINED, 1)  # the trainer waits for every worker here, a bounded time, before the group forms
