@@ -23,7 +23,7 @@ EXEMPT = ("domains", "bridges")
 #: the core modules that may name a built-in domain, and why
 NAMES_DOMAINS = {
     "domain.py": "the registry of the built-in domains (name -> module)",
-    "tiny_model.py": "the embedded tokenizer is trained on the built-in domains' texts",
+    "tokenizer_training.py": "the embedded tokenizer is trained on the built-in domains' texts",
     "cli/options.py": "--domain's listed choices",
     "cli/serve_mcp.py": "--domain's help",
     "train/grpo_config.py": "the default --domain",

@@ -56,3 +56,35 @@ def test_a_hub_model_id_is_played_from_the_hub_cache_and_a_missing_one_is_one_li
     assert len(lines) == 1 and lines[0].startswith("muarl: error: muarl-test/absent: not a local checkpoint "
                                                    "directory, and the Hugging Face Hub could not provide it"), lines
     assert "hf download muarl-test/absent" in lines[0]
+
+
+def test_tiny_random_builds_from_the_shipped_tokenizer_without_playing_an_episode(tmp_path):
+    """``tiny-random`` resolves below the episode loop (issue 58, item 3): built into an empty cache, in a
+    fresh process, it imports no domain, policy or rollout module, and its tokenizer is the shipped one."""
+    import sys
+
+    code = ("import sys; from muarl.models import resolve; path = resolve('tiny-random'); "
+            "print(path); print(sorted(m for m in sys.modules if m.startswith(('muarl.rollout', 'muarl.domain', "
+            "'muarl.policies', 'muarl.users'))))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MUARL_CACHE": str(tmp_path)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, imported = done.stdout.splitlines()[-2:]
+    assert imported == "[]", imported
+    from muarl.tiny_model import SHIPPED_TOKENIZER
+
+    built = json.loads((Path(path) / "tokenizer.json").read_text())
+    assert built["model"]["vocab"] == json.loads((SHIPPED_TOKENIZER / "tokenizer.json").read_text())["model"]["vocab"]
+
+
+def test_the_shipped_tokenizer_is_what_training_on_the_corpus_gives():
+    """The tokenizer ``tiny-random`` and the base share is the one :mod:`muarl.tokenizer_training` trains
+    from the built-in domains (fails when the corpus or the trainer changes and the shipped one was not
+    rebuilt with it: ``muarl init-model`` and ``tiny-random`` would then disagree)."""
+    from muarl.tiny_model import SHIPPED_TOKENIZER, TinyConfig
+    from muarl.tokenizer_training import train_tokenizer
+
+    trained = json.loads(train_tokenizer(TinyConfig().vocab_size).backend_tokenizer.to_str())
+    shipped = json.loads((SHIPPED_TOKENIZER / "tokenizer.json").read_text())
+    assert trained["model"]["vocab"] == shipped["model"]["vocab"]
+    assert trained["model"]["merges"] == shipped["model"]["merges"]

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from muarl.weight_sync.receiver import WeightReceiver
 from muarl.weight_sync.link import LinkFailed, WeightLink, choose_backend
+from muarl.weight_sync.receiver import WeightReceiver
 
 
 def _gpu(uuid=None, host="node-a", index=0):

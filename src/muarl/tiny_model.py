@@ -2,15 +2,15 @@
 
 Nothing can be downloaded at run time, yet the whole pipeline must run on a laptop CPU and in CI. So
 muarl builds its own model: the transformers ``Qwen3ForCausalLM`` class (random init, a few hundred
-thousand parameters by default), a byte-level BPE tokenizer trained with ``tokenizers`` on the built-in
-domains' policies, tool schemas and task texts, and a Qwen-style chat template with tool support
+thousand parameters by default), the byte-level BPE tokenizer shipped with the base (trained once with
+``tokenizers`` on the built-in domains' policies, tool schemas, task texts and conversations:
+:mod:`muarl.tokenizer_training`), and a Qwen-style chat template with tool support
 (``<tool_call>{json}</tool_call>``). It is saved as an ordinary HF checkpoint, so every other code path
 treats it exactly like SmolLM2 or a real Qwen3.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,52 +128,21 @@ class TinyConfig:
                    head_dim=head_dim or hidden_size // heads, seed=seed, **rest)
 
 
-#: the built-in domains whose texts the tokenizer learns from
-CORPUS_DOMAINS = ("retail", "airline", "telecom", "retail-lite")
+#: the tokenizer every embedded model shares: the shipped base's, which
+#: :func:`muarl.tokenizer_training.train_tokenizer` trained once on the built-in domains' texts and
+#: conversations (read here, not retrained: building ``tiny-random`` plays no episode)
+SHIPPED_TOKENIZER = Path(__file__).resolve().parent / "base"
 
 
-def _corpus() -> list[str]:
-    """Text the tokenizer learns from: the built-in domains' policies, tool schemas, task texts and whole
-    conversations of the expert agent with the scripted user (what an agent here actually reads and
-    writes), each rendered the way the chat template renders it, so role names, tool names and JSON keys
-    become single tokens and conversations stay short."""
-    import asyncio
+def shipped_tokenizer() -> Any:
+    """The embedded models' tokenizer (:data:`SHIPPED_TOKENIZER`), with the full chat template."""
+    from transformers import AutoTokenizer
 
-    from muarl.domain import get_domain
-    from muarl.policies.expert import ExpertPolicy
-    from muarl.rollout import RolloutEngine
-    from muarl.users.scripted import ScriptedUser
-
-    texts: list[str] = [CHAT_TEMPLATE]
-    for name in CORPUS_DOMAINS:
-        domain = get_domain(name)
-        texts.append(domain.policy)
-        texts += [json.dumps(t.spec.openai_schema()) for t in domain.tools + domain.user_tools]
-        tasks = domain.tasks("train")
-        texts += [t.instruction for t in tasks]
-        engine = RolloutEngine(domain, ExpertPolicy(), ScriptedUser(), progress=False)
-        for (trajectory,) in asyncio.run(engine.run(tasks)):
-            for m in trajectory.messages[1:]:
-                texts.append(f"<|im_start|>{m.role}\n{m.content}<|im_end|>")
-                texts += [json.dumps({"name": c.name, "arguments": c.arguments}) for c in m.tool_calls]
-    return texts
-
-
-def train_tokenizer(vocab_size: int) -> Any:
-    """A byte-level BPE tokenizer (any text encodes; nothing is ever unknown) with our chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    if not (SHIPPED_TOKENIZER / "tokenizer.json").exists():
+        raise FileNotFoundError(f"the shipped tokenizer is missing from {SHIPPED_TOKENIZER}: reinstall muarl")
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_TOKENIZER)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 #: bumped whenever the embedded model's recipe (tokenizer corpus, shape) changes, so caches rebuild
@@ -194,9 +163,9 @@ def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | No
           prompt: str = "full") -> Path:
     """Build and save the embedded model (tokenizer + random-init Qwen3) as an HF checkpoint at ``out``.
 
-    ``tokenizer`` reuses one already trained (say, the cached ``tiny`` model's) instead of training a new
-    one from the domains' texts, which takes most of the build time. ``prompt`` picks the chat template
-    (:func:`chat_template`).
+    ``tokenizer``: default the one every embedded model shares (:func:`shipped_tokenizer`); ``muarl
+    init-model --vocab-size`` trains another (:mod:`muarl.tokenizer_training`). ``prompt`` picks the chat
+    template (:func:`chat_template`).
     """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -208,7 +177,7 @@ def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | No
     if out.exists():  # an empty folder (say, made by mkdir -p) is fine
         out.rmdir()
     template = chat_template(prompt)  # an unknown prompt fails before any work
-    tokenizer = tokenizer if tokenizer is not None else train_tokenizer(config.vocab_size)
+    tokenizer = tokenizer if tokenizer is not None else shipped_tokenizer()
     tokenizer.chat_template = template
     torch.manual_seed(config.seed)
     model_config = Qwen3Config(
@@ -229,11 +198,8 @@ def build(out: str | Path, config: TinyConfig | None = None, tokenizer: Any | No
 def build_shaped(out: str | Path, hidden_size: int, layers: int, heads: int, head_dim: int, kv_heads: int,
                  seed: int, prompt: str) -> Path:
     """:func:`build` of a model shaped by :meth:`TinyConfig.shaped`, with the tokenizer every embedded model
-    shares (the cached ``tiny-random`` model's, trained once): what the demo and ``muarl pretrain`` start from."""
-    from transformers import AutoTokenizer
-
-    shape = TinyConfig.shaped(hidden_size, layers, heads, head_dim, kv_heads, seed)
-    return build(out, shape, tokenizer=AutoTokenizer.from_pretrained(tiny_path()), prompt=prompt)
+    shares (:func:`shipped_tokenizer`): what the demo and ``muarl pretrain`` start from."""
+    return build(out, TinyConfig.shaped(hidden_size, layers, heads, head_dim, kv_heads, seed), prompt=prompt)
 
 
 def bias_end_of_turn(model: Any, tokenizer: Any, bias: float) -> Any:

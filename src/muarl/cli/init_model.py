@@ -49,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     config = TinyConfig.shaped(args.hidden_size, args.layers or 2, args.heads, args.head_dim, args.kv_heads, args.seed,
                                vocab_size=args.vocab_size)
-    path = build(Path(args.out), config, prompt=args.prompt)
+    tokenizer = None  # the shipped one, unless another vocabulary size is asked for
+    if args.vocab_size != TinyConfig().vocab_size:
+        from muarl.tokenizer_training import train_tokenizer
+
+        tokenizer = train_tokenizer(args.vocab_size)
+    path = build(Path(args.out), config, tokenizer=tokenizer, prompt=args.prompt)
     print(f"built the embedded model at {path}")
     return 0
