@@ -13,35 +13,20 @@ from typing import TYPE_CHECKING, Any
 from muarl.db import MISSING, changes, lookup, record_hash
 from muarl.env import UNAVAILABLE, Env
 from muarl.types import Check, Message, Reward, Task, ToolRecord, Trajectory, Violation
+from muarl.users.phrases import says_yes
 
 if TYPE_CHECKING:
     from muarl.domain import Domain
-
-_AFFIRM = re.compile(
-    r"\b(yes|yeah|yep|yup|confirm(?:ed|s)?|go ahead|proceed|please do|do it|do that|that'?s right|"
-    r"correct|sounds good|absolutely|of course|approved?|agreed?)\b",
-    re.IGNORECASE,
-)
-#: Agreement words that only count as a confirmation in a short reply ("Okay." yes; "Okay, I did that" no).
-_WEAK = re.compile(r"\b(ok|okay|sure|alright|all right|fine)\b", re.IGNORECASE)
-_NEGATE = re.compile(
-    r"^\W*(no|nope|nah|wait|hold on|stop)\b|"
-    r"\b(not|don'?t|do not|doesn'?t|isn'?t|never|wrong|hold on|wait|instead|rather|changed? my mind)\b",
-    re.IGNORECASE,
-)
-
-_POLITE = re.compile(r"\b(no|not a) (problem|worries)\b", re.IGNORECASE)
 
 
 def is_confirmation(text: str) -> bool:
     """Whether a user message explicitly approves the action just proposed.
 
     Deliberately strict: an explicit "yes"-like word, or a bare "okay"/"sure" in a short reply, and no
-    negation or hedge anywhere ("that's not correct", "wait", "actually, rather the blue one").
+    negation or hedge anywhere ("that's not correct", "wait", "actually, rather the blue one"). The words are
+    :mod:`muarl.users.phrases`' yes/no vocabulary, which the slip checks read too.
     """
-    if _NEGATE.search(_POLITE.sub("", text)):
-        return False
-    return bool(_AFFIRM.search(text)) or (bool(_WEAK.search(text)) and len(text.split()) <= 6)
+    return says_yes(text)
 
 
 #: The agent asking for approval of an action it proposes ("Shall I cancel it?", "Would you like me to

@@ -28,8 +28,8 @@ from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from muarl.policies.base import AgentTurn, PolicySession
-from muarl.rewards import is_confirmation
 from muarl.types import Intent, Message, ToolCall
+from muarl.users.phrases import says_yes
 
 if TYPE_CHECKING:
     from muarl.domain import Domain
@@ -206,7 +206,7 @@ class TeacherSession(PolicySession):
                 self.slips.append(self.turn)
                 yield from self.say(f"{proposal.replace(wrong, mistype(wrong, self.rng))} {CONFIRM}")
             reply = yield from self.say(f"{proposal} {CONFIRM}")
-            if not is_confirmation(reply):
+            if not says_yes(reply):
                 return None
         out = yield from self.call(name, args)
         return not out.startswith("Error")

@@ -139,3 +139,41 @@ NOT_TRANSFER = re.compile(r"\b(can ?not|can't|won't|will not|don't|do not|unable
 #: a sentence in which the agent talks about what *it* does, not what it asks the user to do
 SELF_TALK = re.compile(r"^(i|i'll|i've|i'm|i will|i have|i can|i could|let me|we|we'll|we've)\b|"
                        r"\b(shall|should|can|may) i\b|\bwould you like me\b|\bwant me to\b")
+
+
+# -- what the user may be saying: one yes/no vocabulary ------------------------------------------------------
+# Read by the judge (a write needs an explicit yes: muarl.rewards), by the scripted agents (muarl.policies.script)
+# and by the slip checks (a repeat that says yes or no to a proposal made again answers it: muarl.users.slips),
+# so that "yes" means the same to all three.
+#: words that say yes wherever they stand in a reply ("Yes, please go ahead.", "That's correct, do it.")
+YES_WORDS = (r"yes|yeah|yep|yup|confirm(?:ed|s)?|go ahead|proceed|please do|do it|do that|that'?s right|correct|"
+             r"sounds good|absolutely|of course|approved?|agreed?")
+#: agreement that is a yes only when it is (nearly) the whole reply ("Okay." yes; "Okay, I did that" no)
+WEAK_YES_WORDS = r"ok|okay|sure|alright|all right|fine"
+#: how a reply that says no (or stops the agent) opens
+NO_OPENINGS = r"no|nope|nah|not quite|that'?s not|that is not|wait|hold on|stop"
+#: a negation or hedge anywhere, which takes any yes back ("that's not correct", "actually, rather the blue one")
+NEGATION = r"not|don'?t|do not|doesn'?t|isn'?t|never|wrong|hold on|wait|instead|rather|changed? my mind"
+#: replies that hold a "no" and say nothing against the proposal
+POLITE_NO = re.compile(r"\b(no|not a) (problem|worries)\b", re.IGNORECASE)
+#: the most words a reply made of a weak yes may have
+WEAK_YES_LENGTH = 6
+
+YES = re.compile(rf"\b({YES_WORDS})\b", re.IGNORECASE)
+WEAK_YES = re.compile(rf"\b({WEAK_YES_WORDS})\b", re.IGNORECASE)
+NEGATED = re.compile(rf"^\W*({NO_OPENINGS})\b|\b({NEGATION})\b", re.IGNORECASE)
+OPENS_YES = re.compile(rf"^\W*({YES_WORDS}|{WEAK_YES_WORDS}|please (?:go ahead|proceed))\b", re.IGNORECASE)
+OPENS_NO = re.compile(rf"^\W*({NO_OPENINGS})\b", re.IGNORECASE)
+
+
+def says_yes(text: str) -> bool:
+    """Whether a user message explicitly says yes: a yes word, or a weak one in a short reply, and no
+    negation or hedge anywhere. Deliberately strict: it licenses a write (``muarl.rewards.is_confirmation``)."""
+    if NEGATED.search(POLITE_NO.sub("", text)):
+        return False
+    return bool(YES.search(text)) or (bool(WEAK_YES.search(text)) and len(text.split()) <= WEAK_YES_LENGTH)
+
+
+def opens_with_yes_or_no(text: str) -> bool:
+    """Whether a reply opens with a yes or a no (of the same words): an answer to a proposal, whichever it is."""
+    return bool(OPENS_YES.search(text) or OPENS_NO.search(text))

@@ -41,6 +41,7 @@ from muarl.users.phrases import (
     PROPOSAL,
     SELF_TALK,
     norm,
+    opens_with_yes_or_no,
     phrase_pattern,
     says_value,
     sentences,
@@ -66,10 +67,6 @@ USER_STOP = "user_stop"
 #: what is stripped from either end of a word before it is read as an identifier (``(#W123).`` -> ``#W123``)
 _EDGES = "()[]{}<>\"'.,:;!?/*`|"
 _IDENT = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
-#: a user message that says yes: repeated to a proposal made again, it is an answer
-_YES = re.compile(r"^(yes|yeah|yep|sure|ok|okay|correct|confirmed?|please (go ahead|proceed))\b")
-#: a user message that says no: repeated to a proposal made again (a wrong one, again), it is an answer
-_NO = re.compile(r"^(no|nope|not quite|that's not|that is not)\b")
 
 
 def _key(token: str) -> str:
@@ -141,8 +138,7 @@ def _answers_proposal(text: str, proposal: str) -> bool:
     """Whether ``text``, the user's reply to ``proposal``, answers it: a yes, a no, or a correction (an
     identifier of a sort the proposal named, but not the one it named: the right order, card or e-mail). A
     reply that only restates facts the proposal did not touch (a static user's whole request) is none."""
-    said = norm(text)
-    if _YES.search(said) or _NO.search(said):
+    if opens_with_yes_or_no(norm(text)):  # a yes, or a no (to a wrong proposal, again), answers it
         return True
     named = {_kind(t) for t in _facts_in(proposal)}
     return any(_kind(t) in named and _key(t) not in _key(proposal) for t in _facts_in(text))
