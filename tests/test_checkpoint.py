@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from muarl.time_split import is_timing
 from muarl.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
 from muarl.train.distributed import Dist
 from muarl.train.run import open_run
@@ -22,11 +23,12 @@ from train_fixtures import write_sft_data
 
 TESTS = Path(__file__).parent
 # measured, not computed: what the machine did (seconds, resident memory), never equal across two runs
-TIMING = ("rollout_s", "reference_s", "update_s", "tokens_per_s", "peak_rss_gb", "peak_rss_gb_mean", "peak_gpu_gb")
+#: a step metric that measures time, speed or memory: never equal across runs of one command
+TIMING = is_timing
 
 
 def _metrics(out: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+    return [{k: v for k, v in json.loads(line).items() if not TIMING(k)}
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

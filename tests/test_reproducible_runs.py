@@ -48,7 +48,7 @@ def _env() -> dict[str, str]:
 def _run_record(out: Path) -> dict:
     """What a run computed: every step's metrics (timings aside), every step's episodes (tokens, sampled
     log-probs, rewards, advantages) and the SHA-256 of the final weights file."""
-    metrics = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+    metrics = [{k: v for k, v in json.loads(line).items() if not TIMING(k)}
                for line in (out / "metrics.jsonl").read_text().splitlines()]
     rollouts = {path.name: [(e["token_ids"], e["logprobs"], e["reward"]["reward"], e["metadata"]["advantage"])
                             for e in map(json.loads, path.read_text().splitlines())]

@@ -35,6 +35,7 @@ from muarl.evaluate import (
 )
 from muarl.provenance import KEY as PROVENANCE
 from muarl.provenance import compare as compare_provenance
+from muarl.time_split import of_result as time_of
 
 #: per-task values compared by default, besides pass^1 .. pass^k (k: the smallest of the runs' k) and the fault
 #: rates by party (:data:`muarl.evaluate.FAULT_COLUMNS`), which come right after pass^k
@@ -229,6 +230,8 @@ def compare_pairs(pairs: Sequence[tuple[EvalResult, EvalResult]], metrics: Seque
         "confidence": confidence,
         "metrics": [{**asdict(d), "excludes_zero": d.excludes_zero} for d in diffs],
         "provenance": [compare_provenance(a.provenance, b.provenance) for a, b in pairs],
+        # where each run's episode time went (muarl.time_split), per pair: measured, so not bootstrapped
+        "time": [{"a": time_of(a.timing), "b": time_of(b.timing)} for a, b in pairs],
     }
 
 

@@ -42,6 +42,7 @@ from muarl.files import atomic_write
 from muarl.policies.base import Policy
 from muarl.provenance import record as provenance_record
 from muarl.rollout import EpisodeConfig, RolloutEngine, load_trajectories
+from muarl.time_split import summarize as time_split
 from muarl.train.diskspace import reported
 from muarl.types import Task, Trajectory
 from muarl.users.base import UserSimulator
@@ -452,7 +453,8 @@ async def evaluate_async(
         groups = await engine.run(tasks)
         wall = time.perf_counter() - start
         metrics, rows, fams = summarize(groups, {t.id: t.family for t in tasks}, k, sim_faults)
-        timing = {"wall_s": round(wall, 3), "episodes_run": len(tasks) * k - resumed, "episodes_resumed": resumed}
+        timing = {"wall_s": round(wall, 3), "episodes_run": len(tasks) * k - resumed, "episodes_resumed": resumed,
+                  **time_split(t for g in groups for t in g)}  # where the episodes' time went (muarl.time_split)
         result = EvalResult(run_config, metrics, rows, groups, fams, timing, provenance)
         if out is not None:
             result.write(out)

@@ -28,6 +28,7 @@ from muarl.faults import STOP_REASONS, EpisodeFault, Side
 from muarl.limits import LimitExceeded, bounded, call_in_thread
 from muarl.policies.base import AgentTurn, Policy, PolicySession
 from muarl.rewards import score
+from muarl.time_split import EpisodeClock
 from muarl.types import Actor, Message, Task, ToolRecord, Trajectory
 from muarl.users.base import SimulatorFault, StopSignal, UserReply, UserSession, UserSimulator
 from muarl.users.slips import episode_slips
@@ -104,12 +105,13 @@ async def run_episode(
     domain = domain.for_task(task)
     env = domain.env(task)
     traj = Trajectory(task_id=task.id, domain=domain.name, user_seed=seed)
+    clock = EpisodeClock()
     fault: EpisodeFault | None = None
     agent: PolicySession | None = None
     try:
         agent = _created("policy", lambda: policy.session(domain, task, seed=policy_seed))
         session = _created("user", lambda: user.for_domain(domain).session(task, seed))
-        reason = await _play(env, task, agent, session, traj, config)
+        reason = await _play(env, task, agent, session, traj, config, clock)
     except EpisodeFault as err:
         fault, reason = err, STOP_REASONS[err.side]
     finally:
@@ -120,6 +122,18 @@ async def run_episode(
     traj.tool_log = list(env.log)  # a copy: an abandoned tool thread may still append to env.log
     # what the simulated user got wrong (muarl.users.slips): reported beside the reward, never part of it
     traj.metadata["user_slips"] = episode_slips(domain, task, traj)
+    clock.enter("grading")
+    try:
+        return _graded(domain, task, env, traj, fault, config)
+    finally:
+        clock.leave("grading")
+        # where the episode's time went (muarl.time_split); the engine's split of the policy's, if it gave one
+        traj.metadata["time"] = clock.record(traj.metadata.pop("engine_time", None))
+
+
+def _graded(domain: Domain, task: Task, env: Env, traj: Trajectory, fault: EpisodeFault | None,
+            config: EpisodeConfig) -> Trajectory:
+    """``traj`` scored, its fault recorded (a hung tool's episode is not graded: it may still be writing)."""
     if fault is None:
         traj.reward = score(domain, task, traj, env=env, require_outputs=config.require_outputs)
         # the server died after the agent's last call (a death during a call is in the tool log already)
@@ -234,7 +248,7 @@ async def call_tool(env: Env, name: str, arguments: Any, *, actor: Actor, call_i
 
 
 async def _play(env: Env, task: Task, agent: PolicySession, user: UserSession, traj: Trajectory,
-                config: EpisodeConfig) -> str:
+                config: EpisodeConfig, clock: EpisodeClock) -> str:
     """The conversation itself; returns the stop reason, raises :class:`EpisodeFault`. Fills ``traj``."""
     device_faults: list[EpisodeFault] = []  # a user's device-tool fault, even if the user swallowed it
     user_name = type(user).__name__
@@ -244,21 +258,27 @@ async def _play(env: Env, task: Task, agent: PolicySession, user: UserSession, t
         # the id names the user message this action precedes (its index among user messages), so a replay
         # can re-attach user actions to their turn even when no agent call separates two user turns
         turn = sum(m.role == "user" for m in traj.messages)
+        clock.enter("tools")
         try:
             record = await call_tool(env, name, arguments, actor="user", call_id=f"user_t{turn}_{len(env.log)}",
                                      seconds=config.tool_timeout)
         except EpisodeFault as fault:
             device_faults.append(fault)
             raise
+        finally:
+            clock.leave("tools")
         return record.output
 
     async def user_turn(what: str, make: Callable[[], Awaitable[UserReply]]) -> UserReply:
+        clock.enter("user")
         try:
             reply = await _guard("user", what, make, config.user_timeout)
         except EpisodeFault:
             if device_faults:
                 raise device_faults[0] from None
             raise
+        finally:
+            clock.leave("user")
         if device_faults:
             raise device_faults[0]
         return _checked_reply(reply, what)
@@ -268,7 +288,11 @@ async def _play(env: Env, task: Task, agent: PolicySession, user: UserSession, t
     traj.messages.extend(new)
     while True:
         what = f"{agent_name}.next()"
-        turn = _checked_turn(await _guard("policy", what, partial(agent.next, new), config.agent_timeout), what)
+        clock.enter("policy")
+        try:
+            turn = _checked_turn(await _guard("policy", what, partial(agent.next, new), config.agent_timeout), what)
+        finally:
+            clock.leave("policy")
         traj.messages.append(turn.message)
         _append_tokens(traj, turn)
         new = []
@@ -285,8 +309,12 @@ async def _play(env: Env, task: Task, agent: PolicySession, user: UserSession, t
         reason = None
         if turn.message.tool_calls:
             for call in turn.message.tool_calls:
-                record = await call_tool(env, call.name, call.arguments, actor="agent", call_id=call.id,
-                                         seconds=config.tool_timeout)
+                clock.enter("tools")
+                try:
+                    record = await call_tool(env, call.name, call.arguments, actor="agent", call_id=call.id,
+                                             seconds=config.tool_timeout)
+                finally:
+                    clock.leave("tools")
                 traj.turns += 1
                 new.append(Message(role="tool", content=record.output, tool_call_id=call.id, name=call.name))
                 if record.error in ("unknown_tool", "invalid_arguments"):

@@ -77,8 +77,27 @@ def run(args: argparse.Namespace) -> int:
                       "out[/yellow]")
     sig = [d["metric"] for d in report["metrics"] if d["excludes_zero"]]
     console.print("differences whose interval excludes 0: " + (", ".join(sig) if sig else "none"))
+    _print_time(console, report["time"], several)
     _print_provenances(report["provenance"])
     return 0
+
+
+def _print_time(console: Any, splits: list[dict[str, Any]], several: bool) -> None:
+    """Where each pair's episode time went (muarl.time_split): seconds per episode in A and B, and B / A."""
+    from rich.table import Table
+
+    from muarl.time_split import compared
+
+    for i, pair in enumerate(splits, 1):
+        rows = compared(pair["a"], pair["b"])
+        if not rows:
+            continue
+        table = Table(title=f"where the time went{f' (pair {i})' if several else ''}: per episode, wall time once")
+        for col in ("time", "A", "B", "B / A"):
+            table.add_column(col, justify="left" if col == "time" else "right")
+        for key, a, b in rows:
+            table.add_row(key.removeprefix("split_"), f"{a:.3g}", f"{b:.3g}", f"{b / a:.2f}x" if a else "-")
+        console.print(table)
 
 
 def _print_provenances(found: dict[str, Any] | list[dict[str, Any]]) -> None:

@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from muarl.evaluate import REPORT, RESULTS, TRAJECTORIES, evaluate
+    from muarl.time_split import describe, of_result
 
     options.check_positive(args, "k", "limit", "concurrency", "max_turns", "max_new_tokens")
     domain, tasks, policy, user = options.matchup_of(args)
@@ -51,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     if args.show_tasks:
         print_tasks(console, result)
     t = result.timing
+    split = describe(of_result(t))
+    if split:
+        console.print(split)
     console.print(f"{t['episodes_run']} episodes played, {t['episodes_resumed']} already done, in "
                   f"{t['wall_s']:.1f} s; wrote {out / RESULTS}, {out / REPORT} and {out / TRAJECTORIES}")
     if result.metrics.get("fault_rate"):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,8 @@ class TokenSequence:
     shared: bool = False
     offset: int = 0
     session: Session | None = None
+    #: seconds this episode's turns spent queued, in their prefill pass and decoding (muarl.time_split)
+    timing: dict[str, float] = field(default_factory=lambda: {"queue_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0})
 
     @property
     def cached(self) -> int:
@@ -129,6 +132,7 @@ class _Row:
     future: asyncio.Future
     max_new: int
     pending: int  # the sampled token not yet fed to the model
+    prefilled: float = 0.0  # when its prefill pass ended: decoding from there
     sampled: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
@@ -141,6 +145,7 @@ class _Request:
     max_new: int
     future: asyncio.Future
     prefix_len: int = 0
+    queued: float = field(default_factory=time.perf_counter)
 
 
 
@@ -346,6 +351,7 @@ class BatchedGenerator:
             self._prefill(bucket)
 
     def _prefill(self, bucket: list[tuple[_Request, list[int]]]) -> None:
+        began = time.perf_counter()
         seqs = [req.seq for req, _ in bucket]
         width = max(len(new) for _, new in bucket)
         own = [0 if s.cache is None else int(s.cache[0][0].shape[2]) for s in seqs]
@@ -374,9 +380,12 @@ class BatchedGenerator:
         self.prefill_passes += 1
         rows = []
         tokens, logprobs = self._sample(out.logits[:, -1, :], [s.generator for s in seqs])
+        ended = time.perf_counter()
         for (req, _), token, logprob in zip(bucket, tokens, logprobs, strict=True):
             req.seq.cache = None
-            row = _Row(seq=req.seq, future=req.future, max_new=req.max_new, pending=-1)
+            req.seq.timing["queue_s"] += began - req.queued
+            req.seq.timing["prefill_s"] += ended - began
+            row = _Row(seq=req.seq, future=req.future, max_new=req.max_new, pending=-1, prefilled=ended)
             self._accept(row, token, logprob)
             rows.append(row)
         self._join(rows, [(layer.keys, layer.values) for layer in returned_cache(out).layers], mask)
@@ -544,11 +553,13 @@ class BatchedGenerator:
             return
         batch = self.batch
         assert batch is not None and self.mask is not None
+        now = time.perf_counter()
         for i in done:
             row, cols = self.rows[i], self.mask[i].nonzero().squeeze(1)
             assert row is not None
             row.seq.cache = [(k[i:i + 1, :, cols], v[i:i + 1, :, cols]) for k, v in batch]  # gathers copy
             row.seq.ids.append(row.pending)  # the stop token: in the ids, not yet in the cache
+            row.seq.timing["decode_s"] += now - row.prefilled
             if not row.future.done():
                 row.future.set_result((row.sampled, row.logprobs, row.finish or "stop"))
             self.rows[i] = None

@@ -135,9 +135,10 @@ class HFSession(PolicySession):
                          parse_errors=parsed.errors, finish=finish)
 
     def close(self) -> dict[str, Any]:
-        """Free the KV cache; report whether a full re-render would have tokenized differently."""
+        """Free the KV cache; report whether a full re-render would have tokenized differently, and the
+        engine's split of the episode's policy time (queue, prefill, decode: :mod:`muarl.time_split`)."""
         self.seq.cache = None
         self.policy.engine.close_session(self.seq.session)
         ids = self.seq.ids
         return {"drift": self.chat.drifted(ids, self.messages) if self.messages else False,
-                "append_only": self.append_only}
+                "append_only": self.append_only, "engine_time": dict(self.seq.timing)}

@@ -18,14 +18,17 @@ from typing import Any
 
 from muarl.files import atomic_write
 from muarl.report import data as rd
-from muarl.report.plots import fmt, line_chart
+from muarl.report.plots import fmt, line_chart, stacked_bars
 from muarl.report.tokens import PrefixTable, find_tokenizer, vocab
+from muarl.time_split import step_seconds
 from muarl.users.slips import SLIPS
 
 COMPRESS_ABOVE = 256 * 1024  # bytes of JSON; smaller blobs stay readable in the page source
 # the paper's training dynamics first, in the order the paper discusses them; any other numeric
 # metric gets a chart of its own after these
 # (a panel's keys may be a prefix instead: every metric that starts with it, in the order they were logged)
+#: the stacked bar of a step's wall time by where it went (muarl.time_split.step_seconds)
+STEP_TIME = "where a step's seconds went"
 PANELS: list[tuple[str, list[str] | str]] = [
     ("reward", ["reward"]),
     ("groups all correct / all wrong", ["all_correct_groups", "all_wrong_groups"]),
@@ -41,17 +44,22 @@ PANELS: list[tuple[str, list[str] | str]] = [
                                            "malformed_calls"]),
     ("the simulated user's slips per episode", ["user_slip_rate", *(f"user_{k}_rate" for k in SLIPS)]),
     ("seconds per step", ["rollout_s", "reference_s", "update_s"]),
+    (STEP_TIME, []),  # a stacked bar, not curves (muarl.time_split.step_seconds)
     # asynchronous GRPO (--max-staleness): how old the trained groups were, what was dropped, who waited
     ("staleness (updates)", ["staleness_mean", "staleness_max"]),
     ("idle seconds per step", ["trainer_idle_s", "sampler_idle_s"]),
     ("dropped groups", ["dropped_groups"]),
-    ("tokens per second", ["tokens_per_s"]),
+    ("tokens per second", ["tokens_per_s", "policy_tokens_per_s", "user_tokens_per_s"]),
+    # muarl.time_split: the share of the rollouts' wall time in which some episode waited on each party
+    ("busy share of the rollouts' wall time", ["split_policy_busy", "split_user_busy", "split_tools_busy",
+                                               "split_grading_busy"]),
     ("learning rate", ["lr"]),
 ]
 SKIP_CURVES = {"step", "epoch"}
 #: what a training run's page opens on, before its settings: is it learning, are its groups informative,
 #: is it behaving, how long a step takes (an SFT run: its loss)
-HEADLINE = ("reward", "groups all correct / all wrong", "faults / violations per episode", "loss", "seconds per step")
+HEADLINE = ("reward", "groups all correct / all wrong", "faults / violations per episode", "loss", "seconds per step",
+            STEP_TIME)
 
 
 def charts(metrics: list[dict[str, Any]], only: tuple[str, ...] | None = None) -> list[str]:
@@ -72,7 +80,14 @@ def _charts(metrics: list[dict[str, Any]], panels: list[tuple[str, list[str] | s
     numeric = [k for k in dict.fromkeys(k for m in metrics for k in m)
                if k not in SKIP_CURVES and any(_is_num(m.get(k)) for m in metrics)]
     out, used = [], set()
+    split = [step_seconds(m) for m in metrics]
+    if any(split):  # the split's own keys are drawn as its stacked bar and the busy panel, not one by one
+        used.update(k for k in numeric if k.startswith("split_"))
     for title, keys in panels:
+        if title == STEP_TIME and any(split):
+            names = list(dict.fromkeys(k for row in split for k in row))
+            out.append(stacked_bars(STEP_TIME, x, {k: [row.get(k) for row in split] for k in names}))
+            continue
         present = ([k for k in numeric if k.startswith(keys)] if isinstance(keys, str)
                    else [k for k in keys if k in numeric])
         if present:

@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"]
+COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d", "#64748b",
+          "#ca8a04"]
 WIDTH, HEIGHT = 380, 210
 LEFT, RIGHT, TOP, BOTTOM = 52, 10, 26, 30
 
@@ -94,5 +95,54 @@ def line_chart(title: str, x: Sequence[float], series: dict[str, Sequence[float 
             ly = TOP + 10 + (n // 3) * 12
             parts.append(f'<rect x="{lx}" y="{ly - 7}" width="8" height="8" fill="{color}"/>'
                          f'<text class="legend" x="{lx + 11}" y="{ly}">{escape(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def stacked_bars(title: str, x: Sequence[float], series: dict[str, Sequence[float | None]]) -> str:
+    """One bar per ``x`` whose segments stack ``series`` (legend name -> a value per x; None counts as 0),
+    in the order given, from the axis up: what a whole is made of, step by step."""
+    totals = [sum(v[i] or 0.0 for v in series.values()) for i in range(len(x))]
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
+             f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(title)}">',
+             f'<text x="{LEFT}" y="15" class="chart-title">{escape(title)}</text>']
+    if not x or max(totals, default=0.0) <= 0:
+        parts.append(f'<text x="{LEFT}" y="{HEIGHT / 2}" class="chart-empty">no values</text></svg>')
+        return "".join(parts)
+    y_ticks = nice_ticks(0.0, max(totals), 4)
+    top = y_ticks[-1] or 1.0
+    legend_rows = (len(series) + 2) // 3
+    plot_top = TOP + 12 * legend_rows
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - plot_top - BOTTOM
+    slot = plot_w / len(x)
+    width = max(1.0, round(slot * 0.7, 1))
+
+    def py(v: float) -> float:
+        return round(plot_top + (1 - v / top) * plot_h, 1)
+
+    for t in y_ticks:
+        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py(t)}" y2="{py(t)}"/>'
+                     f'<text class="tick" x="{LEFT - 4}" y="{py(t) + 3}" text-anchor="end">{fmt(t)}</text>')
+    labelled = nice_ticks(min(x), max(x)) if len(x) > 12 else list(x)
+    for i, xv in enumerate(x):
+        left = round(LEFT + i * slot + (slot - width) / 2, 1)
+        if xv in labelled:
+            parts.append(f'<text class="tick" x="{round(left + width / 2, 1)}" y="{HEIGHT - BOTTOM + 13}" '
+                         f'text-anchor="middle">{fmt(xv)}</text>')
+        base = 0.0
+        for n, (name, values) in enumerate(series.items()):
+            value = values[i] or 0.0
+            if value <= 0:
+                continue
+            color = COLORS[n % len(COLORS)]
+            parts.append(f'<rect x="{left}" y="{py(base + value)}" width="{width}" '
+                         f'height="{round(py(base) - py(base + value), 1)}" fill="{color}">'
+                         f'<title>{escape(name)} @ {fmt(xv)}: {fmt(value)}</title></rect>')
+            base += value
+    parts.append(f'<text class="tick" x="{WIDTH - RIGHT}" y="{HEIGHT - 4}" text-anchor="end">step</text>')
+    for n, name in enumerate(series):
+        lx, ly = LEFT + 4 + (n % 3) * 108, TOP + 8 + (n // 3) * 12
+        parts.append(f'<rect x="{lx}" y="{ly - 7}" width="8" height="8" fill="{COLORS[n % len(COLORS)]}"/>'
+                     f'<text class="legend" x="{lx + 11}" y="{ly}">{escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)

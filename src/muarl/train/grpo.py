@@ -30,6 +30,7 @@ from muarl.algorithms.mismatch import mismatch_warning
 from muarl.domain import get_domain
 from muarl.faults import require_unfaulted
 from muarl.provenance import domain_record
+from muarl.time_split import summarize as time_split
 from muarl.train import make_optimizer
 from muarl.train.distributed import setup
 from muarl.train.groups import rollout_metrics, write_rollouts
@@ -115,6 +116,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             tokens = sum(len(t.token_ids) for g in groups for t in g)
             rollout_s = got.rollout_s
             record = {"step": step + 1, **rollout_metrics(groups, domain.general_tools), **stats, **got.metrics,
+                      **time_split(t for g in groups for t in g),  # where the rollouts' time went
                       "trained_sequences": len(batch), "tasks_played": got.tasks_played,
                       "masked_share": got.masked_share(),
                       "trained_groups": int(got.keep.sum()), "rollout_s": rollout_s, "reference_s": ref_s,

@@ -179,8 +179,10 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         shared = DetachedPrefix(record_prefix(causal_lm(model), opening)) if opening else None
     # every rank's: the logged entropy is a mean over the whole step's trained tokens, not a sum of ranks' means
     trained_tokens = dist.sum(float(sum(sum(batch[i][0].loss_mask) for i in run)))
+    phases = PhaseClock(device)  # the trainer's split (muarl.time_split): scoring, backward, optimizer
     for part in parts:
         trajs = [batch[i][0] for i in part]
+        phases.start()
         with precision:
             current, entropy = batch_logprobs(model, [t.token_ids for t in trajs], config.temperature,
                                               [t.loss_mask for t in trajs], shared.leaves if shared else None,
@@ -207,15 +209,19 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
             total_sequences=sequences,
         )
         loss, loss_stats = algorithm.loss(loss_batch)
+        phases.lap("scoring_s")
         loss.backward()
+        phases.lap("backward_s")
         sums["loss"] += float(loss.detach())
         sums["kl"] += loss_stats.kl
         sums["clip_fraction"] += loss_stats.clip_fraction
         sums["entropy"] += float((entropy * mask).sum()) / max(trained_tokens, 1.0)
+    phases.start()
     if shared is not None:
         shared.backward()
     if passes > len(parts):  # a sharded model: as many passes as the busiest rank
         idle_passes(model, len(parts), passes, device)
+    phases.lap("backward_s")
     for param in params:  # a gradient of 0, not none: AdamW's moments and weight decay move as in the plain update
         if param.grad is None:
             param.grad = torch.zeros_like(param)
@@ -223,8 +229,10 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         dist.all_reduce_grads(params)
     norm = grad_norm(params, config.grad_clip)
     optimizer.step()
+    phases.lap("optimizer_s")
     model.eval()
     stats = {key: dist.sum(value) for key, value in sums.items()}
+    stats.update(phases.seconds)  # this rank's own
     stats.update(grad_norm=norm, update_tokens=tokens, skipped_sequences=dist.sum(float(len(skip))),
                  shared_prefix_tokens=float(len(opening)))
     if not dist.sum(float(len(run))):  # no sequence ran forward and backward on any rank: a 0 here would read as
@@ -236,6 +244,33 @@ def policy_update(model: Any, reference: Any, optimizer: Any, algorithm: Any,
         if measured:
             stats.update(mismatch_kl=kl / measured, mismatch_outside=outside / measured)
     return stats, ref_s, time.perf_counter() - began
+
+
+class PhaseClock:
+    """Seconds per trainer phase of one update, on ``device``'s clock: a GPU's queued kernels are waited
+    for at each lap (a few synchronisations per micro-batch, next to its backward pass), or the
+    optimizer's time would land in whatever reads a result next."""
+
+    PHASES = ("scoring_s", "backward_s", "optimizer_s")
+
+    def __init__(self, device: Any):
+        self.cuda = torch.device(device).type == "cuda"
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.mark = time.perf_counter()
+
+    def start(self) -> None:
+        self._sync()
+        self.mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        self._sync()
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.mark
+        self.mark = now
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
 
 def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: Any,
@@ -259,6 +294,7 @@ def update_on_rollouts(model: Any, reference: Any, optimizer: Any, algorithm: An
     runs = [policy_update(model, reference, optimizer, algorithm, batch, config, dist, totals, ref, trainer_old,
                           first=iteration == 0) for iteration in range(config.num_iterations)]
     keys = dict.fromkeys(key for run in runs for key in run[0])
-    stats = {key: sum(run[0][key] for run in runs if key in run[0]) / sum(key in run[0] for run in runs)
+    stats = {key: sum(run[0][key] for run in runs if key in run[0])
+             / (1 if key in PhaseClock.PHASES else sum(key in run[0] for run in runs))  # seconds add up
              for key in keys}
     return stats, ref_s, sum(run[2] for run in runs)

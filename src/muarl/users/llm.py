@@ -156,13 +156,14 @@ class LLMUserSession(UserSession):
             params["max_tokens"] = self.user.max_tokens
         if act is not None and self.tools:
             params["tools"] = [spec.openai_schema() for spec in self.tools]
-        retries, tool_calls = 0, 0
+        retries, tool_calls, spoken = 0, 0, 0
         for _ in range(self.user.max_tool_rounds + 1):
             try:
                 done = await self.user.endpoint.complete(self.rng, messages=self.history, **params)
             except EndpointError as err:
                 raise SimulatorFault(f"LLM user: {err}") from err
             retries += done.retries
+            spoken += int((done.usage or {}).get("completion_tokens", 0) or 0)  # tokens/s in muarl.time_split
             message = done.message
             calls = list(getattr(message, "tool_calls", None) or [])
             text = (getattr(message, "content", None) or "").strip()
@@ -175,8 +176,8 @@ class LLMUserSession(UserSession):
                                      f"(finish_reason={done.finish_reason!r})")
             self.history.append({"role": "assistant", "content": text})
             shown, stop = parse_stop(text)
-            meta = {"retries": retries, "tool_calls": tool_calls, "finish_reason": done.finish_reason,
-                    "usage": done.usage}
+            meta = {"retries": retries, "tool_calls": tool_calls, "completion_tokens": spoken,
+                    "finish_reason": done.finish_reason, "usage": done.usage}
             return UserReply(shown, stop=stop, metadata=meta)
         raise SimulatorFault(f"LLM user: endpoint {self.user.endpoint.base_url} kept calling tools for "
                              f"{self.user.max_tool_rounds} rounds without answering the agent")
