@@ -2,8 +2,8 @@
 
 Slips are found when an episode ends and stored in its trajectory; a run evaluated before a check changed
 keeps the old verdicts. This reads each run directory's ``trajectories.jsonl`` and its ``config.json``
-(the domain and split), finds the slips again, and prints the rates beside the stored ones. Nothing is
-written.
+(the domain and split), finds the slips again, and prints the rates beside the stored ones ("-": a rate the
+checks did not report when the run was evaluated). Nothing is written.
 
     python scripts/rescore_slips.py runs/ablate-llm-s0/eval/*/llm-runs-user-sft-model
 """
@@ -30,15 +30,19 @@ def rescore(run: Path) -> tuple[dict[str, float | None], dict[str, float | None]
     return stored, again
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="evaluation run directories")
     args = parser.parse_args()
-    keys = ["user_slip_rate", *(f"user_{kind}_rate" for kind in SLIPS)]
+    keys = ["user_slip_rate", "user_candidate_slip_rate", "agent_caused_slip_rate", *(f"user_{kind}_rate" for kind in SLIPS)]
     for run in args.runs:
         stored, again = rescore(run)
-        shown = ", ".join(f"{k[5:-5]} {stored[k]:.3f}->{again[k]:.3f}" for k in keys
-                          if stored.get(k) is not None and again.get(k) is not None)
+        shown = ", ".join(f"{k.removeprefix('user_')[:-5]} {_fmt(stored.get(k))}->{_fmt(again.get(k))}" for k in keys
+                          if again.get(k) is not None)
         print(f"{run}: {shown}")
 
 

@@ -611,7 +611,7 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
     from muarl.compare import compare_runs
     from muarl.evaluate import EvalResult, summarize
     from muarl.report.data import lanes
-    from muarl.users.slips import SLIPS
+    from muarl.users.slips import CANDIDATES, SLIPS
 
     domain = get_domain("retail-lite")
     task = domain.tasks("test")[0]
@@ -642,7 +642,10 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
         assert {k: v for k, v in traj.metadata["user_slips"].items() if v} == want, (name, traj.messages)
         groups.append([traj])
     metrics, rows, families = summarize(groups, {}, 1)
-    assert metrics["user_slip_rate"] == 0.8
+    # the user's slips count the kinds the labels show precise; a candidate kind counts apart (issue 57 item 2)
+    slipped = sum(any(k not in CANDIDATES for k in want) for *_, want in cases.values()) / len(cases)
+    candidate = sum(any(k in CANDIDATES for k in want) for *_, want in cases.values()) / len(cases)
+    assert (metrics["user_slip_rate"], metrics["user_candidate_slip_rate"]) == (slipped, candidate)
     for kind in SLIPS:
         assert metrics[f"user_{kind}_rate"] == 0.2, kind
     result = EvalResult({"domain": domain.name, "split": "test", "k": 1}, metrics, rows, groups, families)
@@ -657,4 +660,4 @@ def test_an_llm_users_slips_are_counted_in_the_summary_marked_on_the_turn_and_co
     clean = EvalResult(result.config, {**metrics, "user_slip_rate": 0.0}, clean_rows, groups, families)
     report = compare_runs(clean, result)
     slip = next(m for m in report["metrics"] if m["metric"] == "user_slip_rate")
-    assert (slip["a"], slip["b"], slip["diff"]) == (0.0, 0.8, 0.8)
+    assert (slip["a"], slip["b"], slip["diff"]) == (0.0, slipped, slipped)

@@ -284,7 +284,10 @@ class EvalResult:
         if m.get("user_slip_rate") is not None:
             lines += ["## The simulated user's slips (share of trials; muarl.users.slips)", "",
                       "| slip | trials | what it means |", "|---|---|---|",
-                      f"| any | {_fmt(m['user_slip_rate'])} | |"]
+                      f"| any | {_fmt(m['user_slip_rate'])} | the user's own, of the kinds the labels show precise |",
+                      f"| any candidate | {_fmt(m.get('user_candidate_slip_rate'))} | a kind below 0.9 precision |",
+                      f"| after the agent's error | {_fmt(m.get('agent_caused_slip_rate'))} | a flagged turn that answers "
+                      "a repeated or garbled proposal, a failed call or a question already answered |"]
             lines += [f"| {kind} | {_fmt(m.get(f'user_{kind}_rate'))} | {what} |" for kind, what in SLIPS.items()]
             lines += [""]
         lines += ["## Stop reasons", "", "| stop reason | episodes |", "|---|---|"]
