@@ -13,26 +13,13 @@ log-probs, rewards, advantages) and the SHA-256 of the final weights. Exit statu
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from muarl.time_split import is_timing
-
-
-def record(out: Path) -> dict:
-    """What a run computed: its step metrics (timings aside), its episodes and its final weights' digest."""
-    metrics = [{k: v for k, v in json.loads(line).items() if not is_timing(k)}
-               for line in (out / "metrics.jsonl").read_text().splitlines()]
-    episodes = {path.name: [(e["token_ids"], e["logprobs"], e["reward"]["reward"], e["metadata"]["advantage"])
-                            for e in map(json.loads, path.read_text().splitlines())]
-                for path in sorted((out / "rollouts").glob("step_*.jsonl"))}
-    weights = hashlib.sha256((out / "model" / "model.safetensors").read_bytes()).hexdigest()
-    return {"metrics": metrics, "episodes": episodes, "weights": weights}
+from muarl.train.run import computed
 
 
 def main() -> int:
@@ -65,7 +52,7 @@ def main() -> int:
         finally:
             hog.kill()
             hog.wait()
-        first, *others = [record(out) for out in outs]
+        first, *others = [computed(out) for out in outs]
         same = [other == first for other in others]
         print(f"{args.runs} runs of `muarl grpo {' '.join(grpo)}` beside a CPU hog in "
               f"{time.monotonic() - began:.0f} s: {len(first['metrics'])} steps, final weights {first['weights'][:16]}")

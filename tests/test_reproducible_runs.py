@@ -9,8 +9,6 @@ waits for every open episode and orders rows by episode: these tests perturb the
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import random
 import signal
@@ -24,8 +22,8 @@ import pytest
 from muarl.policies import batched_generator
 from muarl.policies.hf import HFPolicy
 from muarl.rollout import EpisodeConfig, RolloutEngine
+from muarl.train.run import computed
 from muarl.users.scripted import ScriptedUser
-from test_checkpoint import TIMING
 
 TESTS = Path(__file__).parent
 
@@ -43,18 +41,6 @@ def _env() -> dict[str, str]:
     # one torch thread each: four runs and a hog share the machine without oversubscribing it further
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
             "OMP_NUM_THREADS": "1"}
-
-
-def _run_record(out: Path) -> dict:
-    """What a run computed: every step's metrics (timings aside), every step's episodes (tokens, sampled
-    log-probs, rewards, advantages) and the SHA-256 of the final weights file."""
-    metrics = [{k: v for k, v in json.loads(line).items() if not TIMING(k)}
-               for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rollouts = {path.name: [(e["token_ids"], e["logprobs"], e["reward"]["reward"], e["metadata"]["advantage"])
-                            for e in map(json.loads, path.read_text().splitlines())]
-                for path in sorted((out / "rollouts").glob("step_*.jsonl"))}
-    weights = hashlib.sha256((out / "model" / "model.safetensors").read_bytes()).hexdigest()
-    return {"metrics": metrics, "rollouts": rollouts, "weights": weights}
 
 
 @pytest.mark.slow
@@ -89,12 +75,12 @@ def test_the_same_grpo_command_under_load_and_killed_and_resumed_is_the_same_run
     finally:
         hog.kill()
         hog.wait()
-    first, *others = [_run_record(out) for out in [*outs, killed]]
+    first, *others = [computed(out) for out in [*outs, killed]]
     assert [m["step"] for m in first["metrics"]] == [1, 2]
     assert any(m["grad_norm"] > 0 for m in first["metrics"])  # the weights moved: step 2 sampled from new ones
     for i, other in enumerate(others, 1):
         assert other["metrics"] == first["metrics"], f"run {i}: other step metrics than run 0"
-        assert other["rollouts"] == first["rollouts"], f"run {i}: other episodes than run 0"
+        assert other["episodes"] == first["episodes"], f"run {i}: other episodes than run 0"
         assert other["weights"] == first["weights"], f"run {i}: other final weights than run 0"
 
 

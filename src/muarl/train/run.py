@@ -318,3 +318,19 @@ def _defaults(config: Any) -> dict[str, Any]:
         elif f.default_factory is not MISSING:
             out[f.name] = f.default_factory()
     return json.loads(json.dumps(out))
+
+
+def computed(out: Path) -> dict[str, Any]:
+    """What a finished GRPO run in ``out`` computed, in a form two runs of one command can be compared by:
+    every step's metrics but the measured ones (:func:`muarl.time_split.is_timing`), every step's episodes
+    (tokens, sampled log-probs, rewards, advantages) and the SHA-256 of the final weights
+    (``scripts/repeat_runs.py``, ``tests/test_reproducible_runs.py``)."""
+    from muarl.time_split import is_timing
+
+    metrics = [{k: v for k, v in json.loads(line).items() if not is_timing(k)}
+               for line in (out / "metrics.jsonl").read_text().splitlines()]
+    episodes = {path.name: [(e["token_ids"], e["logprobs"], e["reward"]["reward"], e["metadata"]["advantage"])
+                            for e in map(json.loads, path.read_text().splitlines())]
+                for path in sorted((out / "rollouts").glob("step_*.jsonl"))}
+    with (out / "model" / "model.safetensors").open("rb") as weights:
+        return {"metrics": metrics, "episodes": episodes, "weights": sha256_of(weights)}
