@@ -123,8 +123,8 @@ def latency_1s() -> BenchUser:
     return BenchUser("late", 1.0)
 
 
-COLUMNS = ["rollout_s", "split_policy_share", "split_user_share", "split_tools_share", "split_grading_share",
-           "split_waiting_share", "split_user_busy", "policy_tokens_per_s", "user_tokens_per_s", "scoring_s",
+COLUMNS = ["rollout_s", "split_policy_share", "split_policy_queue_s", "split_policy_decode_s", "split_user_share",
+           "split_tools_share", "split_grading_share", "split_waiting_share", "split_user_busy", "policy_tokens_per_s", "user_tokens_per_s", "scoring_s",
            "backward_s", "optimizer_s"]
 
 
