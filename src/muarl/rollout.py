@@ -41,12 +41,11 @@ USER_TIMEOUT_S, TOOL_TIMEOUT_S, AGENT_TIMEOUT_S = 120.0, 60.0, 600.0
 LIMIT_OPTIONS: dict[Side, str] = {"user": "--user-timeout", "policy": "--agent-timeout", "tool": "--tool-timeout"}
 
 
-@dataclass
-class EpisodeLimits:
-    """How long each party of an episode may take, and the LLM user's request limits: the options of every
-    command that plays episodes (eval, rollout, synth as options, grpo as fields of its config), defined
-    once here (:mod:`muarl.cli.config_options` makes the options). A party past its limit faults the episode
-    instead of hanging the run."""
+@dataclass(kw_only=True)
+class TimeLimits:
+    """How long each party of an episode may take, defined once: the fields of :class:`EpisodeConfig` (one
+    episode) and of :class:`EpisodeLimits` (every command's options). Past its limit a party's episode ends
+    with a ``*_timeout`` fault instead of hanging the run; None or 0: no limit."""
 
     user_timeout: float | None = field(default=USER_TIMEOUT_S, metadata={
         "help": "time limit of one user turn (device actions included); past it the episode is a fault (0: no "
@@ -55,6 +54,20 @@ class EpisodeLimits:
         "help": "time limit of one agent turn; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
     tool_timeout: float | None = field(default=TOOL_TIMEOUT_S, metadata={
         "help": "time limit of one tool call; past it the episode is a fault (0: no limit)", "metavar": "SECONDS"})
+
+    def check_limits(self) -> None:
+        for name in ("user_timeout", "agent_timeout", "tool_timeout"):
+            value, option = getattr(self, name), "--" + name.replace("_", "-")
+            if value is not None and value < 0:
+                raise ValueError(f"{option} must be at least 0 seconds (0: no limit), not {value}")
+
+
+@dataclass(kw_only=True)
+class EpisodeLimits(TimeLimits):
+    """The time limits and the LLM user's request limits: the options of every command that plays episodes
+    (eval, rollout, synth as options, grpo as fields of its config; :mod:`muarl.cli.config_options` makes
+    the options)."""
+
     user_http_timeout: float | None = field(default=None, metadata={
         "help": "llm: users: seconds one HTTP request to the user's endpoint may take before it is retried "
                 "(default: the LLM user's, 60)", "metavar": "SECONDS"})
@@ -64,8 +77,9 @@ class EpisodeLimits:
 
 
 @dataclass
-class EpisodeConfig:
-    """Limits and switches of one episode (defaults: the paper's released script)."""
+class EpisodeConfig(TimeLimits):
+    """Limits and switches of one episode (defaults: the paper's released script); its time limits are
+    :class:`TimeLimits`'."""
 
     #: tool executions + user replies before the episode is cut (the paper counts both)
     max_turns: int = 30
@@ -74,17 +88,9 @@ class EpisodeConfig:
     end_on_malformed: bool = False
     #: grade required outputs (off for training, on for evaluation, as in the paper)
     require_outputs: bool = True
-    #: seconds one user turn may take (its device actions included), one agent turn, one tool call;
-    #: past it the episode ends with a ``*_timeout`` fault. None or 0: no limit.
-    user_timeout: float | None = USER_TIMEOUT_S
-    agent_timeout: float | None = AGENT_TIMEOUT_S
-    tool_timeout: float | None = TOOL_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        for name in ("user_timeout", "agent_timeout", "tool_timeout"):
-            value, option = getattr(self, name), "--" + name.replace("_", "-")
-            if value is not None and value < 0:
-                raise ValueError(f"{option} must be at least 0 seconds (0: no limit), not {value}")
+        self.check_limits()
 
 
 async def run_episode(
