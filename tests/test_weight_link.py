@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from muarl.weight_sync import SyncFailed
 from muarl.weight_sync.link import LinkFailed, WeightLink, choose_backend
 from muarl.weight_sync.receiver import WeightReceiver
 
@@ -48,10 +49,10 @@ class _Worker(WeightReceiver):
 
     rank = 0
 
-    def __init__(self, fail: bool = False):
-        self.model = torch.nn.Linear(4, 3)
+    def __init__(self, fail: bool = False, dtype: torch.dtype = torch.float32):
+        self.model = torch.nn.Linear(4, 3).to(dtype)
         self.model_runner = SimpleNamespace(get_model=lambda: self.model)
-        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=dtype))
         self.fail, self.received = fail, {}
 
     def reload_weights(self, weights_iterator, is_checkpoint_format):
@@ -135,3 +136,100 @@ def test_a_failed_link_is_aborted_before_it_is_dropped(recorded):
         assert link.broken and ("abort", 0) in recorded, recorded
     finally:
         link.close()
+
+
+class _Engine:
+    """A VLLMServerPolicy as ServerSync sees one: its name and its server."""
+
+    def __init__(self, server: _Server):
+        self.engine, self.name = server, server.url
+
+
+def _adamw_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    """Real AdamW updates on a loss of the model's own output (what a GRPO step does to the weights)."""
+    for _ in range(steps):
+        loss = model(torch.randn(8, 64)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _engine_equals_trainer(worker: _Worker, model: torch.nn.Module) -> None:
+    """Every weight the worker's model last loaded is the trainer's, in the engine's dtype, bit for bit."""
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(worker.received[name].view(torch.int16), tensor.to(torch.bfloat16).view(torch.int16)), name
+
+
+def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_updates_and_resumes():
+    """``--vllm-weight-sync changed`` (issue 59, item 3): after every sync, over AdamW updates, the engine's
+    weights are the trainer's in bf16 bit for bit; syncs after the first send only what changed, and less
+    than a full broadcast; a resumed trainer (a new link, the worker's mirror from before) and a restarted
+    server (a new worker: the old link's change refused, the next link full) both end equal too."""
+    from muarl.weight_sync.servers import ServerSync
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    server = _Server(_Worker(dtype=torch.bfloat16), [])
+    sync = ServerSync([_Engine(server)], lora=False, how="changed")
+    full = sum(t.numel() * 2 for t in model.state_dict().values())
+    try:
+        sync.push(model)
+        assert sync.sync_bytes == full and sync.changed_share == 1.0  # a link's first sync is whole
+        _engine_equals_trainer(server.worker, model)
+        for _ in range(4):
+            _adamw_steps(model, optimizer, 1)
+            sync.push(model)
+            _engine_equals_trainer(server.worker, model)
+            assert 0 < sync.changed_share < 0.5 and sync.sync_bytes < full / 2, (sync.changed_share, sync.sync_bytes)
+        sync.push(model)  # nothing changed: nothing on the wire
+        assert sync.sync_bytes == 0 and sync.changed_share == 0.0
+        _engine_equals_trainer(server.worker, model)
+
+        # the trainer resumed from an earlier checkpoint: its sync opens a new link, the worker's mirror is dropped
+        earlier = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        _adamw_steps(model, optimizer, 2)
+        sync.push(model)
+        model.load_state_dict(earlier)
+        sync.close()
+        sync = ServerSync([_Engine(server)], lora=False, how="changed")
+        sync.push(model)
+        assert sync.sync_bytes == full
+        _engine_equals_trainer(server.worker, model)
+
+        # the server restarted: a new worker, which has no link nor mirror; the old link's sync is refused
+        server.worker = _Worker(dtype=torch.bfloat16)
+        _adamw_steps(model, optimizer, 1)
+        with pytest.raises(SyncFailed):
+            sync.push(model)
+        sync.push(model)  # the next sync opens a new link to the new worker, and is whole
+        assert sync.sync_bytes == full
+        _engine_equals_trainer(server.worker, model)
+        _adamw_steps(model, optimizer, 1)
+        sync.push(model)
+        assert sync.sync_bytes < full / 2
+        _engine_equals_trainer(server.worker, model)
+    finally:
+        sync.close()
+
+
+def test_a_change_to_a_weight_the_worker_never_received_whole_is_refused():
+    """A worker whose mirror was lost (a failed load drops it) refuses a change instead of loading a weight
+    built on nothing; the trainer's link breaks, and the next sync is whole."""
+    from muarl.weight_sync.servers import ServerSync
+
+    torch.manual_seed(1)
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    server = _Server(_Worker(dtype=torch.bfloat16), [])
+    sync = ServerSync([_Engine(server)], lora=False, how="changed")
+    try:
+        sync.push(model)
+        server.worker._muarl_mirror = None
+        _adamw_steps(model, optimizer, 1)
+        with pytest.raises(SyncFailed, match="has not received whole"):
+            sync.push(model)
+        sync.push(model)
+        _engine_equals_trainer(server.worker, model)
+    finally:
+        sync.close()

@@ -37,7 +37,7 @@ from muarl.train.groups import rollout_metrics, write_rollouts
 from muarl.train.grpo_config import GRPOConfig, resolved
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.memory import peak_memory, unmap_large_frees
-from muarl.train.orchestrator import check_rollouts, open_rollouts, sync_bytes
+from muarl.train.orchestrator import check_rollouts, open_rollouts, sync_figures
 from muarl.train.run import open_run
 from muarl.train.sharded_init import load_sharded
 from muarl.train.sharding import resume_optimizer, save_result, save_step
@@ -104,8 +104,7 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                                                             dist, totals)
                 optimizer.zero_grad(set_to_none=True)  # no gradients held through the sync and the next rollouts
                 stats["sync_s"] = rollouts.sync(model)
-                if sync_bytes(rollouts):
-                    stats["sync_bytes"] = sync_bytes(rollouts)
+                stats.update(sync_figures(rollouts))
                 warning = mismatch_warning(step + 1, stats.get("mismatch_kl", 0.0), stats.get("mismatch_outside", 0.0))
                 # asynchronous: the mismatch includes the policy's own lag (up to N updates), not only the engine's
                 if warning and dist.main and not warned and not rollouts.lagged:  # once per run, not every step

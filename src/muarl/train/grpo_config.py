@@ -134,8 +134,10 @@ class GRPOConfig(RunSettings, EpisodeLimits):
         "help": "with --rollout-engine vllm-server:... and full fine-tuning: how the updated weights reach the "
                 "servers: memory (broadcast in the engine's dtype over a process group with the servers' "
                 "workers, NCCL between GPUs, else gloo; a server started without muarl's receiver falls back to "
-                "files, with a warning) or file (safetensors in --vllm-sync-dir); docs/vllm.md",
-        "choices": ["memory", "file"]})
+                "files, with a warning), changed (the same broadcast sending only the values that changed since "
+                "the last sync, a tensor with many changes whole; one more copy of the weights in the engine's "
+                "dtype on each end) or file (safetensors in --vllm-sync-dir); docs/vllm.md",
+        "choices": ["memory", "changed", "file"]})
     save_every: int = field(default=5, metadata={
         "help": "steps between checkpoints in OUT/checkpoints/step_N (0: only at the end; "
                 "muarl.train.checkpoint)"})
@@ -175,8 +177,8 @@ class GRPOConfig(RunSettings, EpisodeLimits):
         if self.vllm_sync_dir is not None and not self.rollout_engine.startswith(SERVER):
             raise ValueError(f"--vllm-sync-dir is where a vLLM server reads synced weights: it needs "
                              f"--rollout-engine {SERVER}URL#MODEL")
-        if self.vllm_weight_sync not in ("memory", "file"):
-            raise ValueError(f"--vllm-weight-sync must be memory or file, not {self.vllm_weight_sync!r}")
+        if self.vllm_weight_sync not in ("memory", "changed", "file"):
+            raise ValueError(f"--vllm-weight-sync must be memory, changed or file, not {self.vllm_weight_sync!r}")
         if not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"--vllm-gpu-memory is a share of the GPU's memory in (0, 1], not {self.vllm_gpu_memory:g}")
         if self.user_http_timeout is not None and self.user_http_timeout <= 0:

@@ -135,10 +135,17 @@ class Rollouts(Protocol):
     def close(self) -> None: ...
 
 
-def sync_bytes(rollouts: Any) -> int:
-    """Bytes the last sync sent to the rollout engine: a server's (broadcast or written); 0 where the
-    engine is in this process."""
-    return int(getattr(getattr(rollouts, "sampler", None), "sync_bytes", 0) or 0)
+def sync_figures(rollouts: Any) -> dict[str, float]:
+    """What the last sync moved, for the step's metrics: ``sync_bytes`` (a server's: broadcast or written;
+    absent where the engine is in this process) and ``sync_changed``, the share of the values that changed
+    since the sync before (``--vllm-weight-sync changed`` only)."""
+    sampler = getattr(rollouts, "sampler", None)
+    figures: dict[str, float] = {}
+    if sent := int(getattr(sampler, "sync_bytes", 0) or 0):
+        figures["sync_bytes"] = sent
+    if (share := getattr(sampler, "changed_share", None)) is not None:
+        figures["sync_changed"] = float(share)
+    return figures
 
 
 #: the fewest members that count (:meth:`StepRollouts.counted`) a group needs for a baseline to train on

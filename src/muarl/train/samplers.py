@@ -250,6 +250,10 @@ class CopySampler:
     def sync_bytes(self) -> int:
         return int(getattr(self.inner, "sync_bytes", 0) or 0)
 
+    @property
+    def changed_share(self) -> float | None:
+        return getattr(self.inner, "changed_share", None)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -312,6 +316,10 @@ class ServerSampler:
     @property
     def sync_bytes(self) -> int:
         return self.weights.sync_bytes
+
+    @property
+    def changed_share(self) -> float | None:
+        return self.weights.changed_share
 
     def policy(self, seed: int) -> Policy:
         for policy in self.policies:

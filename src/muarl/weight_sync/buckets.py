@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 
 BUCKET_BYTES = 256 << 20
+#: the dtype of a change's positions (flat indices into its tensor; a tensor of 2**31 values or more goes whole)
+INDEX = torch.int32
 GROUP_PREFIX = "muarl-weights"
 
 
@@ -45,22 +47,42 @@ def plan(weights: Iterable[tuple[str, torch.Tensor]], wire: torch.dtype,
     own. Tied weights (embeddings and LM head) go twice, as in a checkpoint: vLLM's in-place reload of a
     tied model given the embeddings alone leaves its LM head behind (measured on the CPU build: log-probs
     off by 0.7 nats)."""
+    return split([{"name": name, "dtype": dtype_name(wire if tensor.is_floating_point() else tensor.dtype),
+                   "shape": list(tensor.shape)} for name, tensor in weights], bucket_bytes)
+
+
+def split(entries: Iterable[dict[str, Any]], bucket_bytes: int = BUCKET_BYTES) -> list[list[dict[str, Any]]]:
+    """``entries`` in order, cut into buckets of at most ``bucket_bytes`` on the wire (:func:`entry_nbytes`);
+    an entry larger than a bucket gets one of its own, one that sends nothing goes with its neighbours."""
     buckets: list[list[dict[str, Any]]] = [[]]
     size = 0
-    for name, tensor in weights:
-        dtype = wire if tensor.is_floating_point() else tensor.dtype
-        nbytes = tensor.numel() * dtype.itemsize
+    for entry in entries:
+        nbytes = entry_nbytes(entry)
         if buckets[-1] and size + nbytes > bucket_bytes:
             buckets.append([])
             size = 0
-        buckets[-1].append({"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)})
+        buckets[-1].append(entry)
         size += nbytes
     return [bucket for bucket in buckets if bucket]
 
 
+def entry_nbytes(entry: dict[str, Any]) -> int:
+    """Bytes of one planned weight on the wire: the whole tensor, or for a change
+    (:mod:`muarl.weight_sync.changes`) its changed positions and their values, or nothing."""
+    itemsize = dtype_of(entry["dtype"]).itemsize
+    send = entry.get("send", "full")
+    if send == "full":
+        return itemsize * math.prod(entry["shape"])
+    if send == "changed":
+        return entry["count"] * (INDEX.itemsize + itemsize)
+    if send == "same":
+        return 0
+    raise ValueError(f"weight {entry['name']}: unknown send {send!r}")
+
+
 def bucket_nbytes(bucket: list[dict[str, Any]]) -> int:
     """Bytes of one planned bucket on the wire."""
-    return sum(dtype_of(e["dtype"]).itemsize * math.prod(e["shape"]) for e in bucket)
+    return sum(entry_nbytes(entry) for entry in bucket)
 
 
 def pack(tensors: list[torch.Tensor], bucket: list[dict[str, Any]], device: torch.device) -> torch.Tensor:
@@ -73,17 +95,46 @@ def pack(tensors: list[torch.Tensor], bucket: list[dict[str, Any]], device: torc
             raise ValueError(f"weight {entry['name']}: shape {list(tensor.shape)}, planned {entry['shape']}")
         part = tensor.detach().to(device=device, dtype=dtype_of(entry["dtype"])).contiguous()
         parts.append(part.reshape(-1).view(torch.uint8))
-    return torch.cat(parts) if len(parts) > 1 else parts[0]  # one tensor: its own bytes, no copy (sent, not changed)
+    return join(parts)
+
+
+def join(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Byte tensors as one: a copy, except for one part, sent as it is (sent, not changed)."""
+    if not parts:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def unpack(buffer: torch.Tensor, bucket: list[dict[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) views into a received bucket, in the planned order."""
+    """(name, tensor) views into a received bucket of whole tensors, in the planned order."""
+    for entry, parts in unpack_entries(buffer, bucket):
+        yield entry["name"], parts[0]
+
+
+def unpack_entries(buffer: torch.Tensor, bucket: list[dict[str, Any]]
+                   ) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
+    """(entry, its parts) views into a received bucket, in the planned order: a whole tensor ``[tensor]``,
+    a change ``[positions (flat, int32), values]``, an unchanged weight ``[]``."""
     offset = 0
-    for entry in bucket:
-        dtype = dtype_of(entry["dtype"])
-        nbytes = dtype.itemsize * math.prod(entry["shape"])
-        yield entry["name"], buffer[offset:offset + nbytes].view(dtype).view(entry["shape"])
+
+    def take(dtype: torch.dtype, count: int) -> torch.Tensor:
+        nonlocal offset
+        nbytes = dtype.itemsize * count
+        part = buffer[offset:offset + nbytes]
+        if (part.storage_offset() % dtype.itemsize) and nbytes:  # after an odd count of 2-byte values
+            part = part.clone()  # a fresh, aligned copy: a view may only reinterpret aligned bytes
         offset += nbytes
+        return part.view(dtype)
+
+    for entry in bucket:
+        dtype, send = dtype_of(entry["dtype"]), entry.get("send", "full")
+        if send == "full":
+            yield entry, [take(dtype, math.prod(entry["shape"])).view(entry["shape"])]
+        elif send == "changed":
+            yield entry, [take(INDEX, entry["count"]), take(dtype, entry["count"])]
+        else:
+            entry_nbytes(entry)  # an unknown send is a ValueError naming the weight
+            yield entry, []
     if offset != buffer.numel():
         raise ValueError(f"a weight bucket of {buffer.numel()} bytes was planned as {offset}")
 

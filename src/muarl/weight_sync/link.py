@@ -38,11 +38,14 @@ from muarl.weight_sync.buckets import (
     bucket_nbytes,
     device_identity,
     dtype_of,
+    join,
     link_device,
     open_group,
     pack,
     plan,
+    split,
 )
+from muarl.weight_sync.changes import FULL_ABOVE, SentWeights
 from muarl.weight_sync.receiver import JOINED, RECEIVER
 
 LINK_TIMEOUT_S = 600.0  # one broadcast (a bucket) may take this long before the sync fails
@@ -102,18 +105,23 @@ def _same_gpu(one: dict[str, Any], other: dict[str, Any]) -> bool | None:
 class WeightLink:
     """Rank 0's process group with every worker of ``servers``
     (:class:`~muarl.policies.vllm_server.VLLMServer`); :meth:`open` makes one. ``wire``: the engines'
-    dtype, which every floating weight is cast to before it leaves; ``backend``: gloo or nccl."""
+    dtype, which every floating weight is cast to before it leaves; ``backend``: gloo or nccl; ``changes``:
+    after the first sync, send only the values that changed (:mod:`muarl.weight_sync.changes`), a tensor
+    with more than ``full_above`` of its values changed whole."""
 
     def __init__(self, servers: list[Any], group: Any, store: Any, wire: torch.dtype, backend: str,
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: int = BUCKET_BYTES, changes: bool = False, full_above: float = FULL_ABOVE):
         self.servers, self.group, self.store, self.wire, self.backend = servers, group, store, wire, backend
         self.bucket_bytes = bucket_bytes
         self.device = link_device(backend)
         self.broken = False
+        #: what the engines hold, for a sync of changes (None: every sync sends every weight)
+        self.sent = SentWeights(self.device, full_above) if changes else None
 
     @classmethod
     def open(cls, servers: list[Any], *, backend: str = "auto", timeout_s: float = LINK_TIMEOUT_S,
-             bucket_bytes: int = BUCKET_BYTES) -> WeightLink | None:
+             bucket_bytes: int = BUCKET_BYTES, changes: bool = False,
+             full_above: float = FULL_ABOVE) -> WeightLink | None:
         """Join every worker of ``servers`` into one group with this process; None when a server has no
         receiver (started without muarl's worker extension), any other failure a :class:`LinkFailed`.
         ``backend``: "auto" (:func:`choose_backend`), gloo or nccl. The group is whole and in working order
@@ -164,23 +172,38 @@ class WeightLink:
         except BaseException:
             abort_group(group)
             raise
-        return cls(servers, group, store, dtype_of(dtypes.pop()), backend, bucket_bytes)
+        return cls(servers, group, store, dtype_of(dtypes.pop()), backend, bucket_bytes, changes, full_above)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Every server takes ``weights`` ((HF name, tensor), as :func:`muarl.weight_sync.merged.merged_weights`
-        gives them) with generation paused around it; returns the bytes broadcast. Every server must take
-        them: any failure is a :class:`LinkFailed` naming the servers, and the link is broken after it."""
+        gives them) with generation paused around it; returns the bytes broadcast (with ``changes``: what
+        changed since the last sync). Every server must take them: any failure is a :class:`LinkFailed`
+        naming the servers, and the link is broken after it."""
         if self.broken:
             raise LinkFailed("the weight link broke in an earlier sync")
         weights = list(weights)
-        buckets = plan(weights, self.wire, self.bucket_bytes)
-        tensors = dict(weights)
+        changes = self.sent is not None
+        if self.sent is None:
+            buckets = plan(weights, self.wire, self.bucket_bytes)
+            tensors = dict(weights)
+
+            def bucket_bytes(bucket: list[dict[str, Any]]) -> torch.Tensor:
+                return pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
+        else:
+            encoded = list(self.sent.encode(weights, self.wire))
+            buckets = split((entry for entry, _ in encoded), self.bucket_bytes)
+            parts = {entry["name"]: entry_parts for entry, entry_parts in encoded}
+
+            def bucket_bytes(bucket: list[dict[str, Any]]) -> torch.Tensor:
+                return join([part.reshape(-1).view(torch.uint8) for entry in bucket for part in parts[entry["name"]]])
         payload = json.dumps(buckets)
 
         def broadcast() -> None:
             in_flight: tuple[Any, Any] | None = None  # (buffer, its broadcast): the buffer lives until it is sent
             for bucket in buckets:  # the next bucket is packed while the last one is on the wire
-                buffer = pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
+                buffer = bucket_bytes(bucket)
+                if not buffer.numel():
+                    continue  # unchanged weights only: nothing on the wire (nor does the receiver wait for it)
                 if in_flight is not None:
                     in_flight[1].wait()
                 in_flight = (buffer, self.group.broadcast(buffer, 0))
@@ -189,7 +212,10 @@ class WeightLink:
 
         def receive(server: Any) -> None:
             with server.paused():
-                server.rpc("muarl_receive", plan=payload)
+                if changes:
+                    server.rpc("muarl_receive", plan=payload, changes=True)
+                else:  # as a receiver of before the changes' form takes it
+                    server.rpc("muarl_receive", plan=payload)
 
         loads = [_background(receive, server) for server in self.servers]
         sender = _background(broadcast)
@@ -201,11 +227,17 @@ class WeightLink:
             failed = [("the broadcast", sender.exception())]
         if failed:
             self.broken = True  # a broadcast or a server may still wait on a peer that left: this group is done,
+            self.sent = None  # and what the engines hold is unknown: the next link starts with a full sync
             abort_group(self.group)  # ended now, not timed out later by NCCL's watchdog (which ends the process)
             raise LinkFailed("; ".join(f"{who} could not take the weights ({err})" for who, err in failed))
         for server in self.servers:
             server.stats.weight_syncs += 1
         return sum(bucket_nbytes(bucket) for bucket in buckets)
+
+    @property
+    def changed_share(self) -> float | None:
+        """The share of the model's values the last sync found changed (None: this link sends every value)."""
+        return self.sent.changed_share if self.sent is not None else None
 
     def close(self) -> None:
         """Ask the servers to end theirs (a server already gone is left as it is), then end this end: the
@@ -222,8 +254,8 @@ class LazyLink:
     """The link to ``servers``, opened at the first :meth:`get`, and again after a failure broke it (a
     restarted server gets a new one); None for good, said once on stderr, when a server has no receiver."""
 
-    def __init__(self, servers: list[Any], bucket_bytes: int = BUCKET_BYTES):
-        self.servers, self.bucket_bytes = servers, bucket_bytes
+    def __init__(self, servers: list[Any], bucket_bytes: int = BUCKET_BYTES, changes: bool = False):
+        self.servers, self.bucket_bytes, self.changes = servers, bucket_bytes, changes
         self.link: WeightLink | None = None
         self.absent = False  # a server without the receiver: the caller's weights go through files
 
@@ -231,7 +263,8 @@ class LazyLink:
         if self.link is not None and self.link.broken:
             self.close()
         if self.link is None and not self.absent:
-            self.link = WeightLink.open(self.servers, bucket_bytes=self.bucket_bytes)  # a LinkFailed leaves it unopened: the next call tries again
+            # a LinkFailed leaves it unopened: the next call tries again
+            self.link = WeightLink.open(self.servers, bucket_bytes=self.bucket_bytes, changes=self.changes)
             if self.link is None:
                 self.absent = True
                 print(f"muarl: warning: the vLLM server(s) {', '.join(s.url for s in self.servers)} have no muarl "

@@ -31,7 +31,9 @@ from muarl.weight_sync.buckets import (
     link_device,
     open_group,
     unpack,
+    unpack_entries,
 )
+from muarl.weight_sync.changes import Mirror
 
 #: the ``--worker-extension-cls`` a server needs for the in-memory sync
 RECEIVER = "muarl.weight_sync.receiver.WeightReceiver"
@@ -44,6 +46,7 @@ class WeightReceiver:
     ``vllm_config``, ``reload_weights``)."""
 
     _muarl_link: tuple[Any, Any, torch.device] | None = None
+    _muarl_mirror: Mirror | None = None  # the weights as last received, for a sync of changes (the link's life)
 
     def muarl_link_info(self) -> dict[str, Any]:
         """This worker's model dtype (the wire dtype the trainer casts to), rank and device: its type and, on a
@@ -65,43 +68,63 @@ class WeightReceiver:
         rank = int(first_rank) + int(self.rank)  # type: ignore[attr-defined]
         group = open_group(store, rank, int(world), backend, timeout_s)
         self._muarl_link = (store, group, link_device(backend))
+        self._muarl_mirror = None
         return {"rank": rank}
 
-    def muarl_receive(self, plan: str) -> dict[str, Any]:
+    def muarl_receive(self, plan: str, changes: bool = False) -> dict[str, Any]:
         """Receive the buckets ``plan`` (JSON: a list of buckets, each of ``{"name", "dtype", "shape"}``)
         lays out, broadcast by the trainer (rank 0) in that order, and reload them into the model as they
-        arrive. A failure while loading still takes every remaining bucket off the wire (and drops it), so
-        the trainer's broadcasts end and the error reaches it as the request's answer."""
+        arrive. ``changes``: the plan's entries may be changes or unchanged weights
+        (:mod:`muarl.weight_sync.changes`), applied to this worker's mirror of the weights, which is kept
+        from then on, and every weight is reloaded from it. A failure while loading still takes every
+        remaining bucket off the wire (and drops it), so the trainer's broadcasts end and the error reaches
+        it as the request's answer."""
         if self._muarl_link is None:
             raise RuntimeError("muarl_receive before muarl_open_link: no weight link to receive on")
         _, group, device = self._muarl_link
         buckets = json.loads(plan)
+        if changes and self._muarl_mirror is None:
+            self._muarl_mirror = Mirror()
+        mirror = self._muarl_mirror if changes else None
+
+        def weights(buffer: torch.Tensor, bucket: list[dict[str, Any]]):
+            if mirror is None:
+                yield from unpack(buffer, bucket)
+                return
+            for entry, parts in unpack_entries(buffer, bucket):
+                yield entry["name"], mirror.apply(entry, parts)
+
         posted: list[tuple[torch.Tensor, Any]] = []  # (buffer, its broadcast in flight), one bucket ahead
 
-        def post() -> None:
+        def post() -> None:  # a bucket of unchanged weights only has no bytes, and no broadcast (nor the trainer's)
             buffer = torch.empty(bucket_nbytes(buckets[len(posted)]), dtype=torch.uint8, device=device)
-            posted.append((buffer, group.broadcast(buffer, 0)))
+            posted.append((buffer, group.broadcast(buffer, 0) if buffer.numel() else None))
 
         def stream():
             for index, bucket in enumerate(buckets):
                 if len(posted) == index:
                     post()
                 buffer, arrival = posted[index]
-                arrival.wait()
+                if arrival is not None:
+                    arrival.wait()
                 if len(posted) < len(buckets):  # the next bucket comes in while this one loads
                     post()
-                yield from unpack(buffer, bucket)
+                yield from weights(buffer, bucket)
                 posted[index] = (buffer.new_empty(0), None)  # loaded: its memory can go
 
         try:
             self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        except BaseException:
+            self._muarl_mirror = None  # applied in part: no change may build on it (the link ends, then a full sync)
+            raise
         finally:
             for _, arrival in posted:
                 if arrival is not None:
                     arrival.wait()
             while len(posted) < len(buckets):
                 post()
-                posted[-1][1].wait()
+                if posted[-1][1] is not None:
+                    posted[-1][1].wait()
         return {"buckets": len(buckets), "bytes": sum(bucket_nbytes(b) for b in buckets)}
 
     def muarl_close_link(self) -> None:
@@ -111,3 +134,4 @@ class WeightReceiver:
         if self._muarl_link is not None:
             abort_group(self._muarl_link[1])
         self._muarl_link = None
+        self._muarl_mirror = None

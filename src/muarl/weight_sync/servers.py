@@ -3,7 +3,8 @@ several): where "in memory, else files" is decided, once.
 
 Full weights go over the broadcast link (``--vllm-weight-sync memory``, the default:
 :class:`~muarl.weight_sync.link.WeightLink`, one broadcast every server takes at once, in the engines'
-dtype) unless the run asks for files or a server has no muarl receiver (said once on stderr, then files
+dtype; ``changed``: the same link sending only the values that changed since the last sync,
+:mod:`~muarl.weight_sync.changes`) unless the run asks for files or a server has no muarl receiver (said once on stderr, then files
 for good). Files (:mod:`muarl.weight_sync.files`) are written once, into one directory every server reads
 (a shared filesystem when they run elsewhere), and loaded by every server at the same time; a LoRA run's
 adapter always goes so. A server that does not take the weights is a :class:`~muarl.weight_sync.SyncFailed`
@@ -24,13 +25,13 @@ from muarl.weight_sync.files import SyncFiles, load_into
 from muarl.weight_sync.merged import merged_weights
 
 #: ``--vllm-weight-sync``'s choices
-WAYS = ("memory", "file")
+WAYS = ("memory", "changed", "file")
 
 
 class ServerSync:
     """Keeps every server of ``policies`` (:class:`~muarl.policies.vllm_server.VLLMServerPolicy`, one per
-    server; they stay the caller's) on the trainer's weights. ``how``: "memory" (the link, else files) or
-    "file"; ``sync_dir``: where the files' directory is made; ``bucket_bytes``: the link's bucket size.
+    server; they stay the caller's) on the trainer's weights. ``how``: "memory" (the link, else files),
+    "changed" (the link sending what changed, else files) or "file"; ``sync_dir``: where the files' directory is made; ``bucket_bytes``: the link's bucket size.
 
     In a run of several processes only rank 0 pushes; the others call :meth:`follow` once it has, so their
     turns sample with the adapter it loaded. Closing unloads the adapter this sync loaded (before its files
@@ -43,6 +44,8 @@ class ServerSync:
         self.policies, self.lora, self.how, self.bucket_bytes = policies, lora, how, bucket_bytes
         self.files = SyncFiles(sync_dir)
         self.sync_bytes = 0
+        #: the share of the values the last sync found changed ("changed" over the link; else None)
+        self.changed_share: float | None = None
         self._link: Any = None  # the LazyLink, made at the first full-weight push over memory
         self._adapter_loaded = False
 
@@ -57,7 +60,7 @@ class ServerSync:
 
     def push(self, model: Any) -> None:
         """``model``'s weights (a LoRA run's adapter) into every server, or :class:`SyncFailed`."""
-        if not self.lora and self.how == "memory" and self._push_over_link(model):
+        if not self.lora and self.how != "file" and self._push_over_link(model):
             return
         path = self.files.write(model if self.lora else merged_weights(model), self.lora)
         self.sync_bytes = self.files.sync_bytes
@@ -81,12 +84,14 @@ class ServerSync:
         from muarl.weight_sync.link import LazyLink, LinkFailed
 
         if self._link is None:
-            self._link = LazyLink([policy.engine for policy in self.policies], bucket_bytes=self.bucket_bytes)
+            self._link = LazyLink([policy.engine for policy in self.policies], bucket_bytes=self.bucket_bytes,
+                                  changes=self.how == "changed")
         try:
             link = self._link.get()
             if link is None:
                 return False
             self.sync_bytes = link.send(merged_weights(model))
+            self.changed_share = link.changed_share
         except LinkFailed as err:
             raise SyncFailed(f"the rollout engine {self.names} could not take the updated weights over the weight "
                              f"link ({err}); --vllm-weight-sync file sends them through files instead") from None

@@ -1,0 +1,110 @@
+"""Only what changed: the changed-values form of the in-memory weight sync (``--vllm-weight-sync changed``).
+
+Why: at RL learning rates most of a model's values are the same in the engine's dtype from one update to
+the next (an AdamW step of lr 1e-6 moves a float32 master weight by about 1e-6, while a bf16 value near
+0.02 changes only when that crosses its rounding step of about 1e-4), so a full broadcast resends bytes
+the engine already holds. Here the trainer keeps what it last sent (:class:`SentWeights`, one copy of the
+model in the engine's dtype where the link's buffers live) and sends, per tensor, its changed positions
+(flat, int32) and their new values; a tensor with more than ``full_above`` of its values changed goes
+whole (measured: ``benchmarks/weight_sync.py --sweep``), an unchanged one sends nothing. The comparison is
+of the bits, so a value rounded back to what the engine has sends nothing and a NaN is never "equal".
+
+The engine's side (:class:`Mirror`, in :mod:`muarl.weight_sync.receiver`'s workers) holds the weights as
+last received, in host memory, applies each change to them in place, and hands every weight to vLLM's own
+reload, as a full sync does: vLLM's layerwise reload does not take a layer given only some of its weights.
+Both copies live as long as the link: a new link (a restarted server, a resumed trainer) starts with a
+full sync. Imports torch alone (it runs inside a vLLM server's workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from muarl.weight_sync.buckets import INDEX, dtype_name
+
+#: a tensor with more than this share of its values changed goes whole (bytes: a change costs 6 bytes a
+#: value in bf16 against 2; seconds: measured with ``benchmarks/weight_sync.py --sweep``, research/benchmarks.md)
+FULL_ABOVE = 0.25
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values as integers of the same width: compared, they are equal only where the bits are."""
+    return tensor.reshape(-1).view(_BITS[tensor.dtype.itemsize])
+
+
+class SentWeights:
+    """The trainer's record of the values the engine holds (what it last sent, in the wire dtype, on
+    ``device``), and the changes against it. ``full_above``: the changed share above which a tensor goes whole."""
+
+    def __init__(self, device: torch.device, full_above: float = FULL_ABOVE):
+        self.device, self.full_above = device, full_above
+        self.values: dict[str, torch.Tensor] = {}
+        self.changed = 0  # values that differed from the engine's at the last encode
+        self.total = 0  # values compared (floating and not) at the last encode
+
+    @property
+    def changed_share(self) -> float:
+        """The share of the model's values that changed at the last encode (1.0 at a link's first sync)."""
+        return self.changed / self.total if self.total else 0.0
+
+    def encode(self, weights: Iterable[tuple[str, torch.Tensor]], wire: torch.dtype
+               ) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
+        """(plan entry, its parts) per weight of ``weights``, in order: ``send`` "full" (parts: the tensor
+        in wire dtype), "changed" (``count``; parts: flat positions, new values) or "same" (no parts). The
+        record is the new values as each is encoded: a sync that fails must end the link (and with it this
+        record), as :class:`~muarl.weight_sync.link.WeightLink` does."""
+        self.changed = self.total = 0
+        for name, tensor in weights:
+            dtype = wire if tensor.is_floating_point() else tensor.dtype
+            new = tensor.detach().to(device=self.device, dtype=dtype).contiguous()
+            entry: dict[str, Any] = {"name": name, "dtype": dtype_name(dtype), "shape": list(new.shape)}
+            old = self.values.get(name)
+            self.values[name] = new
+            self.total += new.numel()
+            if old is None or old.shape != new.shape or old.dtype != new.dtype or new.numel() >= 2 ** 31:
+                self.changed += new.numel()
+                yield {**entry, "send": "full"}, [new]
+                continue
+            positions = torch.ne(_bits(new), _bits(old)).nonzero().reshape(-1)
+            count = positions.numel()
+            self.changed += count
+            if count == 0:
+                yield {**entry, "send": "same"}, []
+            elif count > self.full_above * new.numel():
+                yield {**entry, "send": "full"}, [new]
+            else:
+                yield {**entry, "send": "changed", "count": count}, [positions.to(INDEX), new.reshape(-1)[positions]]
+
+
+class Mirror:
+    """The engine's side: the weights as last received (host memory, wire dtype), each change applied in
+    place, every weight handed on to the model's reload in the plan's order."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, torch.Tensor] = {}
+
+    def apply(self, entry: dict[str, Any], parts: list[torch.Tensor]) -> torch.Tensor:
+        """The weight ``entry`` names after its parts are applied (a view of the mirror: the caller copies
+        it into the model). A change to a weight this end never received whole is a ValueError naming it
+        (the trainer then ends the link and the next one starts with a full sync)."""
+        name, send = entry["name"], entry.get("send", "full")
+        if send == "full":
+            held = self.values.get(name)
+            if held is not None and held.shape == parts[0].shape and held.dtype == parts[0].dtype:
+                held.copy_(parts[0])
+            else:
+                self.values[name] = held = parts[0].to("cpu", copy=True)
+            return held
+        held = self.values.get(name)
+        if held is None or list(held.shape) != entry["shape"]:
+            raise ValueError(f"weight {name}: a change to a weight this worker has not received whole "
+                             "(a new link starts with a full sync)")
+        if send == "changed":
+            positions, values = parts
+            held.view(-1)[positions.to("cpu", torch.long)] = values.to("cpu")
+        return held
