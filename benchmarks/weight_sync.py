@@ -15,6 +15,19 @@ measures nothing).
 
 Last line: ``weight sync into a vLLM server, memory vs file: N.NNx (memory S s, B GB; file S s, B GB)``, the
 median seconds per sync of each way and the bytes each moved (a file's: what was written and read back).
+
+``--changes`` measures instead the full broadcast (``memory``) against the broadcast of what changed
+(``changed``, :mod:`muarl.weight_sync.changes`) into a server running bf16, after real AdamW updates (an LM
+loss on a fixed text) at each ``--lrs`` learning rate: per learning rate, the same updates (same seeds, from
+the same checkpoint) are synced one way, then the other, and after every update the server's log-probs
+under the changed sync must equal those under the full one (the same bf16 weights; else the benchmark
+stops). ``--sweep`` adds syncs of every tensor with a set share of its values changed (its changes sent
+even above the whole-tensor threshold), to find the share where sending changes stops paying.
+
+    python benchmarks/weight_sync.py --changes --layers 28 --lrs 1e-6,1e-5 --updates 3 --sweep
+
+Its lines: ``lr L: changed vs full: N.NNx faster, bytes P% of full (changed S s, B GB, share C; full S s,
+B GB)``, the medians over the updates after the first (a link's first sync is whole).
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ def _vllm_python() -> str:
     return str(Path(where) / "bin" / "python")
 
 
-def launch(model: Path, python: str, log: Path) -> tuple[subprocess.Popen, str]:
+def launch(model: Path, python: str, log: Path, dtype: str | None = None) -> tuple[subprocess.Popen, str]:
     """A vLLM server on ``model`` started as muarl's tests start theirs; (process, URL) once healthy."""
     import httpx2
 
@@ -48,7 +61,7 @@ def launch(model: Path, python: str, log: Path) -> tuple[subprocess.Popen, str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv, env = server_command(model, port=port, served_name="bench", python=python, cpu_build=not _has_cuda(python),
-                               extra=["--max-model-len", "4096"])
+                               dtype=dtype, extra=["--max-model-len", "4096"])
     env = {**os.environ, **env, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -79,7 +92,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="syncs of each way (alternated)")
     parser.add_argument("--python", help="the vLLM environment's interpreter (default: scripts/install_vllm.sh's)")
     parser.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "muarl-weight-sync"))
+    parser.add_argument("--changes", action="store_true", help="full broadcast vs changed values, bf16 server")
+    parser.add_argument("--lrs", default="1e-6,1e-5", help="with --changes: the AdamW learning rates")
+    parser.add_argument("--updates", type=int, default=3, help="with --changes: AdamW updates per way and lr")
+    parser.add_argument("--sweep", action="store_true", help="with --changes: syncs at set changed shares")
     args = parser.parse_args()
+    if args.changes:
+        changes(args)
+        return
 
     import torch
 
@@ -123,6 +143,121 @@ def main() -> None:
             policy.close()
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
+
+
+def changes(args: argparse.Namespace) -> None:
+    """Full broadcast against changed values, into two bf16 servers of one checkpoint (one per way), after the
+    same AdamW updates, the two syncs of each update in alternating order (the module's docstring)."""
+    import torch
+
+    from muarl.models import load
+    from muarl.policies.vllm_server import VLLMServerPolicy
+    from muarl.weight_sync.servers import ServerSync
+
+    root = Path(args.dir)
+    model_dir = root / f"qwen3-{args.layers}l"
+    count = checkpoint(model_dir, args.layers)
+    print(f"model: {count / 1e6:.0f}M parameters, {model_dir}; servers' dtype bfloat16", flush=True)
+    python = args.python or _vllm_python()
+    servers = [launch(model_dir, python, root / f"server-{way}.log", dtype="bfloat16") for way in WAYS]
+    policies = {way: VLLMServerPolicy(url, "bench") for way, (_, url) in zip(WAYS, servers, strict=True)}
+    try:
+        _, tokenizer = load(str(model_dir))
+        ids = tokenizer("I would like to return the order I placed last week, please.")["input_ids"]
+        for lr in (float(x) for x in args.lrs.split(",")):
+            model, _ = load(str(model_dir))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            syncs = {way: ServerSync([policies[way]], lora=False, how=way) for way in WAYS}
+            seconds: dict[str, list[float]] = {way: [] for way in WAYS}
+            moved: dict[str, list[int]] = {way: [] for way in WAYS}
+            shares: list[float] = []
+            try:
+                for sync in syncs.values():
+                    sync.push(model)  # the start: whole either way (untimed)
+                for update in range(args.updates):
+                    torch.manual_seed(update)
+                    model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    for way in (WAYS if update % 2 == 0 else WAYS[::-1]):
+                        began = time.perf_counter()
+                        syncs[way].push(model)
+                        seconds[way].append(time.perf_counter() - began)
+                        moved[way].append(syncs[way].sync_bytes)
+                    shares.append(syncs["changed"].changed_share or 0.0)
+                    full, changed = (_served(policies[way], ids) for way in WAYS)
+                    if not torch.equal(full, changed):
+                        sys.exit(f"weight_sync: after update {update + 1} at lr {lr:g} the server synced by changes "
+                                 f"scores {float((full - changed).abs().max()):.2e} off the one synced whole")
+                    print(f"lr {lr:g} update {update + 1}: full {seconds['memory'][-1]:.2f} s, "
+                          f"{moved['memory'][-1] / 1e9:.3f} GB; changed {seconds['changed'][-1]:.2f} s, "
+                          f"{moved['changed'][-1] / 1e9:.3f} GB, share {shares[-1]:.4f}; the servers' log-probs "
+                          "equal", flush=True)
+                gap = _gap(policies["memory"], model, ids)
+                print(f"lr {lr:g}: server (bf16) vs trainer (float32) log-probs {gap:.1e}", flush=True)
+            finally:
+                for sync in syncs.values():
+                    sync.close()
+            full_s, changed_s = statistics.median(seconds["memory"]), statistics.median(seconds["changed"])
+            full_b, changed_b = statistics.median(moved["memory"]), statistics.median(moved["changed"])
+            print(f"lr {lr:g}: changed vs full: {full_s / changed_s:.2f}x faster, bytes "
+                  f"{100 * changed_b / full_b:.1f}% of full (changed {changed_s:.2f} s, {changed_b / 1e9:.3f} GB, "
+                  f"share {statistics.median(shares):.4f}; full {full_s:.2f} s, {full_b / 1e9:.3f} GB)", flush=True)
+            del model, optimizer
+        if args.sweep:
+            _sweep(policies, model_dir)
+    finally:
+        for policy in policies.values():
+            policy.close()
+        for proc, _ in servers:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=60)
+
+
+#: --changes's two ways: the full broadcast and the changed values
+WAYS = ("memory", "changed")
+
+
+def _sweep(policies: dict, model_dir: Path) -> None:
+    """Seconds of one sync with a set share of every tensor's values changed, changes sent at every share
+    (the whole-tensor threshold lifted), against the full broadcast of the same weights."""
+    import torch
+
+    from muarl.models import load
+    from muarl.weight_sync.servers import ServerSync
+
+    model, _ = load(str(model_dir))
+    syncs = {way: ServerSync([policies[way]], lora=False, how=way) for way in WAYS}
+    try:
+        for sync in syncs.values():
+            sync.push(model)  # untimed: a link's first sync is whole
+        syncs["changed"].link.sent.full_above = 1.0  # this sweep sends changes at any share
+        for k, share in enumerate((0.01, 0.05, 0.1, 0.2, 0.3, 0.5)):
+            torch.manual_seed(k)
+            with torch.no_grad():
+                for p in model.parameters():
+                    flat = p.view(-1)
+                    flat[torch.rand(flat.numel()) < share] *= 1.25
+            times = {}
+            for way in (WAYS if k % 2 == 0 else WAYS[::-1]):
+                began = time.perf_counter()
+                syncs[way].push(model)
+                times[way] = time.perf_counter() - began
+            print(f"sweep: share {syncs['changed'].changed_share:.3f}: changed {times['changed']:.2f} s, full "
+                  f"{times['memory']:.2f} s ({times['memory'] / times['changed']:.2f}x)", flush=True)
+    finally:
+        for sync in syncs.values():
+            sync.close()
+
+
+def _served(policy, ids: list[int]):
+    """The server's teacher-forced log-probs of ``ids``."""
+    import asyncio
+
+    import torch
+
+    out = asyncio.run(policy.engine.generate(ids, policy.engine.score_params()))
+    return torch.tensor([v for v in out.prompt_logprobs[1:]])
 
 
 def _gap(policy, model, ids: list[int]) -> float:

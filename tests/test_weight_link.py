@@ -233,3 +233,38 @@ def test_a_change_to_a_weight_the_worker_never_received_whole_is_refused():
         _engine_equals_trainer(server.worker, model)
     finally:
         sync.close()
+
+
+class _Tied(torch.nn.Module):
+    """Embeddings and an output head that are one tensor, as Qwen3-0.6B's are."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(512, 64)
+        self.body = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 512, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_a_tied_weight_is_compared_and_sent_once_and_reaches_the_engine_under_both_names():
+    from muarl.weight_sync.servers import ServerSync
+
+    torch.manual_seed(2)
+    model = _Tied()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    server = _Server(_Worker(dtype=torch.bfloat16), [])
+    sync = ServerSync([_Engine(server)], lora=False, how="changed")
+    try:
+        sync.push(model)
+        once = sum(p.numel() * 2 for p in model.parameters())  # parameters(): the tied tensor once
+        assert sync.sync_bytes == once < sum(t.numel() * 2 for t in model.state_dict().values())
+        _engine_equals_trainer(server.worker, model)
+        for _ in range(2):
+            _adamw_steps(model, optimizer, 1)
+            sync.push(model)
+            _engine_equals_trainer(server.worker, model)  # head.weight included: the alias reloads it too
+    finally:
+        sync.close()

@@ -68,14 +68,15 @@ def split(entries: Iterable[dict[str, Any]], bucket_bytes: int = BUCKET_BYTES) -
 
 def entry_nbytes(entry: dict[str, Any]) -> int:
     """Bytes of one planned weight on the wire: the whole tensor, or for a change
-    (:mod:`muarl.weight_sync.changes`) its changed positions and their values, or nothing."""
+    (:mod:`muarl.weight_sync.changes`) its changed positions and their values, or nothing (unchanged, or
+    tied to a weight sent before it)."""
     itemsize = dtype_of(entry["dtype"]).itemsize
     send = entry.get("send", "full")
     if send == "full":
         return itemsize * math.prod(entry["shape"])
     if send == "changed":
         return entry["count"] * (INDEX.itemsize + itemsize)
-    if send == "same":
+    if send in ("same", "alias"):
         return 0
     raise ValueError(f"weight {entry['name']}: unknown send {send!r}")
 
@@ -114,7 +115,7 @@ def unpack(buffer: torch.Tensor, bucket: list[dict[str, Any]]) -> Iterator[tuple
 def unpack_entries(buffer: torch.Tensor, bucket: list[dict[str, Any]]
                    ) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
     """(entry, its parts) views into a received bucket, in the planned order: a whole tensor ``[tensor]``,
-    a change ``[positions (flat, int32), values]``, an unchanged weight ``[]``."""
+    a change ``[positions (flat, int32), values]``, an unchanged or tied weight ``[]``."""
     offset = 0
 
     def take(dtype: torch.dtype, count: int) -> torch.Tensor:

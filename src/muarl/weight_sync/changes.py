@@ -6,8 +6,10 @@ the next (an AdamW step of lr 1e-6 moves a float32 master weight by about 1e-6, 
 the engine already holds. Here the trainer keeps what it last sent (:class:`SentWeights`, one copy of the
 model in the engine's dtype where the link's buffers live) and sends, per tensor, its changed positions
 (flat, int32) and their new values; a tensor with more than ``full_above`` of its values changed goes
-whole (measured: ``benchmarks/weight_sync.py --sweep``), an unchanged one sends nothing. The comparison is
-of the bits, so a value rounded back to what the engine has sends nothing and a NaN is never "equal".
+whole (measured: ``benchmarks/weight_sync.py --sweep``), an unchanged one sends nothing, and a tied weight
+(Qwen3-0.6B's LM head, its embeddings' own tensor) is named as the other's alias, compared and sent once.
+The comparison is of the bits, so a value rounded back to what the engine has sends nothing and a NaN is
+never "equal".
 
 The engine's side (:class:`Mirror`, in :mod:`muarl.weight_sync.receiver`'s workers) holds the weights as
 last received, in host memory, applies each change to them in place, and hands every weight to vLLM's own
@@ -55,12 +57,20 @@ class SentWeights:
     def encode(self, weights: Iterable[tuple[str, torch.Tensor]], wire: torch.dtype
                ) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
         """(plan entry, its parts) per weight of ``weights``, in order: ``send`` "full" (parts: the tensor
-        in wire dtype), "changed" (``count``; parts: flat positions, new values) or "same" (no parts). The
-        record is the new values as each is encoded: a sync that fails must end the link (and with it this
-        record), as :class:`~muarl.weight_sync.link.WeightLink` does."""
+        in wire dtype), "changed" (``count``; parts: flat positions, new values), "same" or "alias" (``of``:
+        a tied weight, the earlier name of its tensor; no parts). The record is the new values as each is
+        encoded: a sync that fails must end the link (and with it this record), as
+        :class:`~muarl.weight_sync.link.WeightLink` does."""
         self.changed = self.total = 0
+        seen: dict[tuple[Any, ...], str] = {}  # a tensor's storage and view -> the first name it went by
         for name, tensor in weights:
             dtype = wire if tensor.is_floating_point() else tensor.dtype
+            view = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+            if view in seen:  # tied: the engine's copy of it is the other name's
+                yield {"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape), "send": "alias",
+                       "of": seen[view]}, []
+                continue
+            seen[view] = name
             new = tensor.detach().to(device=self.device, dtype=dtype).contiguous()
             entry: dict[str, Any] = {"name": name, "dtype": dtype_name(dtype), "shape": list(new.shape)}
             old = self.values.get(name)
@@ -93,6 +103,10 @@ class Mirror:
         it into the model). A change to a weight this end never received whole is a ValueError naming it
         (the trainer then ends the link and the next one starts with a full sync)."""
         name, send = entry["name"], entry.get("send", "full")
+        if send == "alias":
+            if entry["of"] not in self.values:
+                raise ValueError(f"weight {name}: an alias of {entry['of']}, which this worker does not hold")
+            return self.values[entry["of"]]
         if send == "full":
             held = self.values.get(name)
             if held is not None and held.shape == parts[0].shape and held.dtype == parts[0].dtype:
