@@ -43,9 +43,9 @@ from rich.table import Table
 from muarl.chat import ChatFormat
 from muarl.domain import get_domain
 from muarl.gold import gold_trajectory
-from muarl.train import autocast
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.packing import Batch, collate, plan_rows, token_loss
+from muarl.train.precision import autocast
 
 LENGTHS = {"domains": ["retail", "airline", "telecom"], "lite": ["retail-lite"],
            "mixed": ["retail", "airline", "telecom", "retail-lite"]}

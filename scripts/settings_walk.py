@@ -49,7 +49,7 @@ class Walk:
     """The profiler's tallies; one callback for every thread."""
 
     def __init__(self) -> None:
-        from muarl.train import RunSettings
+        from muarl.train.settings import RunSettings
 
         # the parsed options and the config; not the parser, which declares options (a parser-building
         # function defines what may be set, not what a run is set to)

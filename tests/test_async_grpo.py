@@ -113,9 +113,10 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
     the trainer's own pre-update log-probs being 1. Computed by hand from the trainer's log-probs."""
     from muarl.algorithms import get_algorithm
     from muarl.models import load
-    from muarl.train.grpo_config import GRPOConfig, resolved
+    from muarl.train.grpo_config import GRPOConfig
     from muarl.train.grpo_update import policy_update
     from muarl.train.scoring import sequence_logprobs
+    from muarl.train.settings import complete
     from train_fixtures import sample_coin_batch
 
     batch = sample_coin_batch()  # the tiny model's episodes, its log-probs stored at sampling time
@@ -123,12 +124,13 @@ def test_importance_weights_of_a_stale_batch_equal_a_hand_computation():
     with torch.no_grad():  # two updates' worth of change: the behaviour policy is stale
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    config, filled = resolved(GRPOConfig(kl_beta=0.0, lr=1e-9, max_staleness=2, skip_zero_advantage=False,
-                                         shared_prefix=False, grad_clip=1e9))  # the raw gradient is compared
+    settings = complete(GRPOConfig(kl_beta=0.0, lr=1e-9, max_staleness=2, skip_zero_advantage=False,
+                                   shared_prefix=False, grad_clip=1e9))  # the raw gradient is compared
+    config, filled = settings.config, settings.derived
     assert config.tis_cap == 2.0 and filled == {"tis_cap": 2.0}
     # a cap given is kept, 0 (off) included: nothing overrides a value the run was given
-    assert resolved(GRPOConfig(max_staleness=2, tis_cap=0.0))[0].tis_cap == 0.0
-    assert resolved(GRPOConfig())[0].tis_cap == 0.0
+    assert complete(GRPOConfig(max_staleness=2, tis_cap=0.0)).config.tis_cap == 0.0
+    assert complete(GRPOConfig()).config.tis_cap == 0.0
     tokens = sum(sum(t.loss_mask) for t, _ in batch)
     expected, weights = 0.0, []
     model.eval()

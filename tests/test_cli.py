@@ -74,11 +74,11 @@ def test_grpo_command_line_reaches_the_config():
     from muarl.cli.grpo import grpo_config
 
     base = ["grpo", "--model", "tiny", "--domain", "retail-lite", "--out", "runs/x", "--preset", "tiny"]
-    plain = grpo_config(build_parser().parse_args(base))
+    plain = grpo_config(build_parser().parse_args(base)).config
     assert plain.penalize_violations is False and plain.kl_beta == 0.001
     config = grpo_config(build_parser().parse_args(base + ["--penalize-violations", "--kl-beta", "0.01",
                                                            "--max-turns", "9", "--dynamic-sampling",
-                                                           "--max-rollout-batches", "2", "--num-iterations", "3"]))
+                                                           "--max-rollout-batches", "2", "--num-iterations", "3"])).config
     assert config.penalize_violations is True and config.kl_beta == 0.01 and config.max_turns == 9
     assert config.dynamic_sampling is True and config.max_rollout_batches == 2 and plain.max_rollout_batches == 4
     assert config.num_iterations == 3 and plain.num_iterations == 1

@@ -90,11 +90,12 @@ def test_left_out_options_keep_the_preset_and_given_ones_reach_the_config() -> N
     from muarl.train import sft
 
     parser = build_parser()
-    assert grpo_config(parser.parse_args(["grpo", "--out", "o"])) == dataclasses.replace(grpo.PRESETS["tiny"],
-                                                                                           out="o")
+    # the derived default filled in too: the run takes the settings as they are
+    assert grpo_config(parser.parse_args(["grpo", "--out", "o"])).config == dataclasses.replace(
+        grpo.PRESETS["tiny"], out="o", tis_cap=0.0)
     config = grpo_config(parser.parse_args([
         "grpo", "--out", "o", "--preset", "paper", "--no-shared-prefix", "--no-merge-lora", "--no-resume",
-        "--user-timeout", "0", "--tis-cap", "2", "--optimizer", "sgd", "--no-mask-sim-faults", "--clip-high", "0.28"]))
+        "--user-timeout", "0", "--tis-cap", "2", "--optimizer", "sgd", "--no-mask-sim-faults", "--clip-high", "0.28"])).config
     assert (config.steps, config.shared_prefix, config.merge_lora, config.resume) == (25, False, False, False)
     assert (config.tis_cap, config.optimizer, config.mask_sim_faults, config.clip_high) == (2.0, "sgd", False, 0.28)
     assert config.episode_config().user_timeout is None  # 0: no limit, as before

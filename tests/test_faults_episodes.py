@@ -473,11 +473,11 @@ def test_grpo_and_synth_take_the_limits() -> None:
 
     args = build_parser().parse_args(["grpo", "--out", "x", "--user-timeout", "5", "--tool-timeout", "0",
                                       "--agent-timeout", "9", "--user-http-timeout", "3", "--user-max-tokens", "64"])
-    config = grpo_config(args)
+    config = grpo_config(args).config
     episode = config.episode_config()
     assert (episode.user_timeout, episode.tool_timeout, episode.agent_timeout) == (5, None, 9)
     assert config.user_http_timeout == 3 and config.user_max_tokens == 64
-    plain = grpo_config(build_parser().parse_args(["grpo", "--out", "x"])).episode_config()
+    plain = grpo_config(build_parser().parse_args(["grpo", "--out", "x"])).config.episode_config()
     assert (plain.user_timeout, plain.tool_timeout, plain.agent_timeout) == (120, 60, 600)
     from muarl.cli.options import limit_kwargs
     from muarl.rollout import EpisodeConfig

@@ -68,7 +68,7 @@ def _batch(vocab: int) -> list[tuple[Seq, float]]:
 
 def _recorder(monkeypatch, module, seen: list[str]) -> None:
     """Record the device every call of ``module``'s ``autocast`` is given."""
-    from muarl.train import autocast
+    from muarl.train.precision import autocast
 
     def recording(bf16, device):
         seen.append(torch.device(device).type)

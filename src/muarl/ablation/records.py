@@ -23,7 +23,8 @@ from typing import Any
 
 from muarl.experiments.recipe import DemoConfig
 from muarl.provenance import muarl_commit
-from muarl.train.grpo_config import GRPOConfig, resolved
+from muarl.train.grpo_config import GRPOConfig
+from muarl.train.settings import complete
 
 #: DemoConfig settings that choose what is evaluated, not what is trained: a demo run reused for its trained
 #: model may have evaluated otherwise
@@ -117,7 +118,7 @@ def verify_method_from(demo_run: Path, config: DemoConfig, seed: int, cold_start
     then = {**DemoConfig().settings(), **json.loads(recorded.read_text())}
     ours = {k: v for k, v in config.settings().items() if k not in EVAL_KNOBS}
     problems += [f"demo.json {k}: {then.get(k)!r} there, {v!r} here" for k, v in ours.items() if then.get(k) != v]
-    would = asdict(resolved(replace(config.grpo, domain=config.domain, seed=seed))[0])  # as a run records it
+    would = asdict(complete(replace(config.grpo, domain=config.domain, seed=seed)).config)  # as a run records it
     there = grpo_config(grpo)
     problems += [f"grpo/config.json {k}: {there.get(k)!r} there, {would.get(k)!r} here"
                  for k in sorted(set(would) | set(there)) if k not in PLACES and there.get(k) != would.get(k)]

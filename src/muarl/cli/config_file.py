@@ -30,6 +30,9 @@ from typing import Any
 TAKES_CONFIG = ("sft", "grpo", "pretrain", "eval", "rollout", "synth", "demo", "ablate")
 
 OPTION = "--config"
+#: where the parsed options keep the file's own values (``{dest: value}``), so that a run's settings can
+#: apply the file and the flags as two layers, the flags over the file (:func:`muarl.train.settings.resolve`)
+FILE_VALUES = "config_file_values"
 
 #: a file whose values, aliases expanded, number more than this is refused (a GRPO run's config.yaml: ~130)
 MAX_NODES = 10_000
@@ -195,7 +198,8 @@ def _value(action: argparse.Action, key: str, value: Any, path: str) -> Any:
 
 def apply(parser: argparse.ArgumentParser, path: str, command: str) -> None:
     """Set ``parser``'s defaults from the file at ``path``: options given on the command line still win.
-    An option the file gives is no longer required on the command line."""
+    An option the file gives is no longer required on the command line. The file's values are also kept
+    whole, under :data:`FILE_VALUES`, for the settings' layers (:func:`muarl.cli.config_options.layers`)."""
     by_name: dict[str, argparse.Action] = {}
     for action in parser._actions:
         if action.option_strings and action.dest not in ("help", "config"):
@@ -216,7 +220,7 @@ def apply(parser: argparse.ArgumentParser, path: str, command: str) -> None:
         defaults[action.dest] = _value(action, key, value, path)
         if value is not None:
             action.required = False
-    parser.set_defaults(**defaults)
+    parser.set_defaults(**defaults, **{FILE_VALUES: dict(defaults)})
 
 
 def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:

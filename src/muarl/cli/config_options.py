@@ -5,7 +5,7 @@ copied into the config, and the demo's copy of the field), and they drifted. Her
 declares its help, and optionally ``choices`` and ``metavar``, in ``field(metadata=...)``;
 :func:`add_config_options` turns the fields into options (``--name-with-dashes``; a bool is ``--x`` /
 ``--no-x``, ``X | None`` an optional value, a list ``nargs="+"``) and :func:`given` reads the values back.
-Every option defaults to None, so one left out keeps the preset's value (:func:`muarl.train.from_preset`).
+Every option defaults to None, so one left out keeps the preset's value (:func:`muarl.train.settings.resolve`).
 """
 
 from __future__ import annotations
@@ -101,3 +101,18 @@ def given(args: argparse.Namespace, cls: type, dest_prefix: str = "") -> dict[st
         if value is not None:
             values[f.name] = tuple(value) if typing.get_origin(hints[f.name]) is tuple else value
     return values
+
+
+def layers(args: argparse.Namespace, cls: type, dest_prefix: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the config file's values, the flags') of the fields of ``cls``: the two layers a run's settings put
+    over its preset (:func:`muarl.train.settings.resolve`).
+
+    The file's values are the parser's defaults (:func:`muarl.cli.config_file.apply`), so ``args`` holds a
+    flag's value where one was given and the file's elsewhere; a flag is a value that differs from the
+    file's (one equal to it changes nothing whichever layer it is counted in)."""
+    from muarl.cli.config_file import FILE_VALUES
+
+    file_values = getattr(args, FILE_VALUES, None) or {}
+    file = given(argparse.Namespace(**file_values), cls, dest_prefix)
+    flags = {k: v for k, v in given(args, cls, dest_prefix).items() if k not in file or file[k] != v}
+    return file, flags

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from muarl.cli import options
-from muarl.cli.config_options import given
+from muarl.cli.config_options import layers
 
 NAME = "grpo"
 HELP = "GRPO with the simulated user in every rollout"
@@ -21,11 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def grpo_config(args: argparse.Namespace) -> Any:
-    """The :class:`~muarl.train.grpo_config.GRPOConfig` a parsed ``muarl grpo`` command line asks for: the preset
-    with the options that were given."""
-    from muarl.train.grpo_config import GRPOConfig, preset
+    """The resolved settings (a :class:`~muarl.train.settings.Resolved` GRPOConfig) a parsed ``muarl grpo``
+    command line asks for: the preset, the config file, the flags, the derived defaults
+    (:func:`muarl.train.settings.resolve`); the run takes them as they are."""
+    from muarl.train.grpo_config import PRESETS, GRPOConfig
+    from muarl.train.settings import resolve
 
-    return preset(args.preset, **given(args, GRPOConfig))
+    file, flags = layers(args, GRPOConfig)
+    return resolve(PRESETS, args.preset, "GRPO", file=file, flags=flags)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -79,12 +79,12 @@ def limits(p: argparse.ArgumentParser) -> None:
 
 def training(p: argparse.ArgumentParser, cls: type, presets: dict[str, Any], required: tuple[str, ...]) -> None:
     """The options of a training command (sft, grpo, pretrain): one per field of its config ``cls``, the
-    fields every run shares (:class:`~muarl.train.RunSettings`) in a group of their own, and
+    fields every run shares (:class:`~muarl.train.settings.RunSettings`) in a group of their own, and
     ``--no-progress``."""
     from dataclasses import fields
 
     from muarl.cli.config_options import add_config_options
-    from muarl.train import RunSettings
+    from muarl.train.settings import RunSettings
 
     shared = [f.name for f in fields(RunSettings)]
     add_config_options(p, cls, presets, only=[f.name for f in fields(cls) if f.name not in shared],

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from muarl.cli import options
-from muarl.cli.config_options import given
+from muarl.cli.config_options import layers
 
 NAME = "sft"
 HELP = "supervised fine-tuning on a synthesized data set (loss on agent tokens only)"
@@ -21,11 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sft_config(args: argparse.Namespace) -> Any:
-    """The :class:`~muarl.train.sft.SFTConfig` a parsed ``muarl sft`` command line asks for: the preset with
-    the options that were given."""
-    from muarl.train.sft import SFTConfig, preset
+    """The :class:`~muarl.train.sft.SFTConfig` a parsed ``muarl sft`` command line asks for: the preset, the
+    config file and the flags (:func:`muarl.train.settings.resolve`; SFT derives no defaults)."""
+    from muarl.train.settings import resolve
+    from muarl.train.sft import PRESETS, SFTConfig
 
-    return preset(args.preset, **given(args, SFTConfig))
+    file, flags = layers(args, SFTConfig)
+    return resolve(PRESETS, args.preset, "SFT", file=file, flags=flags).config
 
 
 def run(args: argparse.Namespace) -> int:

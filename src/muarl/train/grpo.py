@@ -31,21 +31,22 @@ from muarl.domain import get_domain
 from muarl.faults import require_unfaulted
 from muarl.provenance import domain_record
 from muarl.time_split import summarize as time_split
-from muarl.train import make_optimizer
 from muarl.train.distributed import setup
 from muarl.train.groups import rollout_metrics, write_rollouts
-from muarl.train.grpo_config import GRPOConfig, resolved
+from muarl.train.grpo_config import GRPOConfig
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.memory import peak_memory, unmap_large_frees
+from muarl.train.optim import make_optimizer
 from muarl.train.orchestrator import check_rollouts, open_rollouts, sync_figures
 from muarl.train.run import open_run
+from muarl.train.settings import Resolved, complete
 from muarl.train.sharded_init import load_sharded
 from muarl.train.sharding import resume_optimizer, save_result, save_step
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, trainable_parameters
 
 
-def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
+def train_grpo(config: GRPOConfig | Resolved[GRPOConfig], progress: bool = True) -> dict[str, Any]:
     """Run GRPO; writes ``out/model``, ``metrics.jsonl``, ``config.json``, ``rollouts/step_N.jsonl``,
     ``checkpoints/step_N/`` and the chosen trackers' logs (TensorBoard by default).
 
@@ -53,9 +54,13 @@ def train_grpo(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     :mod:`muarl.train.run`); the resumed run's metrics and weights equal an uninterrupted run's. Under
     ``accelerate launch`` / ``torchrun`` each process plays its share of every step's groups and only
     rank 0 writes files.
+
+    ``config``: the settings :func:`muarl.train.settings.resolve` returns (the command line's), or a config
+    built in code, whose derived defaults are filled in here (:func:`~muarl.train.settings.complete`).
     """
+    settings = config if isinstance(config, Resolved) else complete(config)
+    config, filled = settings.config, settings.derived  # what the run records (config.json, config.yaml)
     check_report_to(config.report_to)
-    config, filled = resolved(config)  # what the run records (config.json / config.yaml) and trains with
     dist = setup(config.device, group=config.fsdp, offload=config.fsdp_offload)
     switched_on = {k: v for k, v in filled.items() if v}  # a setting another option turned on is said once
     if switched_on and progress and dist.main:

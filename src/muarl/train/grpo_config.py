@@ -7,12 +7,12 @@ naming the option, rather than as a tensor error mid-step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from muarl.rollout import EpisodeConfig, EpisodeLimits
-from muarl.train import RunSettings, from_preset
 from muarl.train.engine_spec import SERVER, check_user_beside_policy, server_endpoints
+from muarl.train.settings import RunSettings, from_preset
 
 
 @dataclass
@@ -186,6 +186,15 @@ class GRPOConfig(RunSettings, EpisodeLimits):
         if self.user_max_tokens is not None and self.user_max_tokens < 1:
             raise ValueError(f"--user-max-tokens must be at least 1 (got {self.user_max_tokens})")
 
+    def derived(self) -> dict[str, Any]:
+        """The options left unset whose value follows from others (resolved last,
+        :func:`muarl.train.settings.resolve`): ``tis_cap`` 2 with ``--max-staleness`` (stale tokens weighed
+        by the truncated ratio to their behaviour log-probs), else 0 (off)."""
+        found: dict[str, Any] = {}
+        if self.tis_cap is None:
+            found["tis_cap"] = 2.0 if self.max_staleness else 0.0
+        return found
+
     def episode_config(self) -> EpisodeConfig:
         """The episodes' settings: the paper's training ones (required outputs not graded) and the limits."""
         return EpisodeConfig(max_turns=self.max_turns, require_outputs=False, user_timeout=self.user_timeout or None,
@@ -198,24 +207,7 @@ PRESETS: dict[str, GRPOConfig] = {
 }
 
 
-def derived(config: GRPOConfig) -> dict[str, Any]:
-    """The options left unset whose value follows from others (the only ones: a config never changes a
-    value it was given): ``tis_cap`` 2 with ``--max-staleness`` (stale tokens weighed by the truncated
-    ratio to their behaviour log-probs), else 0 (off)."""
-    found: dict[str, Any] = {}
-    if config.tis_cap is None:
-        found["tis_cap"] = 2.0 if config.max_staleness else 0.0
-    return found
-
-
-def resolved(config: GRPOConfig) -> tuple[GRPOConfig, dict[str, Any]]:
-    """The settings a run uses, and what :func:`derived` filled in: the one place where a GRPO run's
-    settings are completed (preset, config file and flags were merged before, :mod:`muarl.cli`); the run
-    records the result (``config.json``, ``config.yaml``) and says what was derived."""
-    filled = derived(config)
-    return (replace(config, **filled) if filled else config), filled
-
-
 def preset(name: str, **overrides: Any) -> GRPOConfig:
-    """The preset ``name`` (:data:`PRESETS`) with the ``overrides`` given (None keeps the preset's value)."""
+    """The preset ``name`` (:data:`PRESETS`) with the ``overrides`` given (None keeps the preset's value), for a
+    config built in code; the derived defaults are filled in by the run (:func:`muarl.train.settings.complete`)."""
     return from_preset(PRESETS, name, "GRPO", **overrides)

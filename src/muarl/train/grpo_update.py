@@ -18,9 +18,9 @@ from muarl.algorithms import LossBatch
 from muarl.algorithms.common import k3_kl
 from muarl.algorithms.mismatch import mismatch_sums, truncated_is_weights
 from muarl.models import causal_lm
-from muarl.train import autocast
 from muarl.train.distributed import Dist, compute_device
 from muarl.train.grpo_config import GRPOConfig
+from muarl.train.precision import autocast
 from muarl.train.scoring import batch_logprobs, micro_batches, reference_logprobs, shared_opening
 from muarl.train.sharding import grad_norm, idle_passes, is_sharded, pass_count
 from muarl.train.shared_prefix import DetachedPrefix, record_prefix

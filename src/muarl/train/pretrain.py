@@ -32,11 +32,12 @@ import torch
 
 from muarl.files import write_lines
 from muarl.taskgen import FamilyShareWarning
-from muarl.train import RunSettings, autocast
 from muarl.train.checkpoint import load_trainer_state, save_checkpoint
 from muarl.train.data import Example
 from muarl.train.fresh_ids import refresh_ids, step_rng
+from muarl.train.precision import autocast
 from muarl.train.run import open_run
+from muarl.train.settings import RunSettings
 from muarl.train.sft import Record, accumulate_gradients, chat_format_of, cosine, load_records, record_example
 from muarl.train.trackers import Trackers, check_report_to
 from muarl.train.weights import load_trainable, save_final, trainable_parameters, write_weights

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from muarl.models import causal_lm
-from muarl.train import autocast
 from muarl.train.distributed import Dist, compute_device
 from muarl.train.grpo_config import GRPOConfig
+from muarl.train.precision import autocast
 from muarl.train.sharding import decoder, idle_passes, pass_count
 from muarl.train.shared_prefix import MIN_PREFIX, Prefix, common_prefix, hidden_after_prefix, record_prefix
 from muarl.train.weights import reference_mode

@@ -20,13 +20,15 @@ import torch
 
 from muarl.chat import ChatFormat
 from muarl.synth import from_chat_record, untrained_turns
-from muarl.train import RunSettings, autocast, from_preset, make_optimizer
 from muarl.train.data import Example, tokenize_conversation
 from muarl.train.distributed import compute_device, setup
 from muarl.train.fresh_ids import refresh_ids, step_rng
 from muarl.train.memory import peak_memory, unmap_large_frees
+from muarl.train.optim import make_optimizer
 from muarl.train.packing import collate, plan_rows, token_loss
+from muarl.train.precision import autocast
 from muarl.train.run import data_digests, open_run
+from muarl.train.settings import RunSettings, from_preset
 from muarl.train.sharded_init import load_sharded
 from muarl.train.sharding import (
     grad_norm,
@@ -44,7 +46,7 @@ from muarl.types import ToolSpec
 
 @dataclass
 class SFTConfig(RunSettings):
-    """SFT settings (plus the shared :class:`~muarl.train.RunSettings`); see :data:`PRESETS`."""
+    """SFT settings (plus the shared :class:`~muarl.train.settings.RunSettings`); see :data:`PRESETS`."""
 
     model: str = field(default="tiny", metadata={
         "help": "the starting checkpoint: a directory, a Hub id, tiny, tiny-random or smollm2"})
