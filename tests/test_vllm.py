@@ -571,6 +571,59 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server, we
     assert largest > 0.05
 
 
+def test_server_sync_of_changes_scores_as_the_trainer_after_every_update(vllm_server):
+    """``--vllm-weight-sync changed`` into a real server (issue 59, item 3): a GRPO step (every float32 value
+    moves: each tensor goes whole), then updates that move 1% of every tensor's values (sent as changes, a
+    fraction of the bytes), one that moves nothing (no bytes), and back to the start; after every sync the
+    server scores every token as the trainer's model does."""
+    from muarl.models import load
+
+    policy = _server_policy(vllm_server, max_new_tokens=24, seed=5)
+    sync = _sync_of(policy, how="changed", bucket_bytes=300_000)
+    try:
+        good, bad = _rollouts(policy, tasks=1, group=2, max_turns=2)
+        model, _ = load("tiny")
+        start = copy.deepcopy(model).requires_grad_(False)
+        sync.push(model)
+        assert sync.sync_bytes == _model_bytes(model) - _tied_bytes(model)  # whole; the tied head named, not sent
+        _grpo_step(model, start, good, bad)
+        sync.push(model)
+        assert sync.changed_share > 0.5 and sync.sync_bytes > 0.5 * _model_bytes(model)
+        _changed_as_the_trainer(policy, start, model, [good, bad])
+        torch.manual_seed(0)
+        for _ in range(2):
+            with torch.no_grad():
+                for p in model.parameters():
+                    flat = p.view(-1)
+                    flat[torch.rand(flat.numel()) < 0.01] += 0.05
+            sync.push(model)
+            assert 0 < sync.changed_share < 0.05 and sync.sync_bytes < 0.05 * _model_bytes(model), sync.sync_bytes
+            for traj in (good, bad):
+                mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+                assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask],
+                                      _trainer_scores(model, traj.token_ids)[mask], atol=TOLERANCE)
+        sync.push(model)
+        assert sync.sync_bytes == 0 and sync.changed_share == 0.0
+        sync.push(start)
+        for traj in (good, bad):
+            mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+            assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
+                                  atol=TOLERANCE)
+    finally:
+        sync.close()
+        policy.close()
+
+
+def _tied_bytes(model) -> int:
+    """The bytes of the state dict's entries that repeat an earlier one's tensor (a tied LM head)."""
+    seen, tied = set(), 0
+    for tensor in model.state_dict().values():
+        if tensor.data_ptr() in seen:
+            tied += tensor.numel() * 4
+        seen.add(tensor.data_ptr())
+    return tied
+
+
 def test_a_server_that_cannot_reach_the_trainer_fails_the_sync_in_one_line_within_the_connect_time(vllm_server,
                                                                                                    monkeypatch):
     """A network between trainer and server that lets HTTP through but not the link (mocked: the address the

@@ -156,13 +156,16 @@ def _adamw_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps
 
 def _engine_equals_trainer(worker: _Worker, model: torch.nn.Module) -> None:
     """Every weight the worker's model last loaded is the trainer's, in the engine's dtype, bit for bit."""
+    dtype = worker.vllm_config.model_config.dtype
+    bits = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
     for name, tensor in model.state_dict().items():
-        assert torch.equal(worker.received[name].view(torch.int16), tensor.to(torch.bfloat16).view(torch.int16)), name
+        assert torch.equal(worker.received[name].view(bits), tensor.to(dtype).view(bits)), name
 
 
-def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_updates_and_resumes():
-    """``--vllm-weight-sync changed`` (issue 59, item 3): after every sync, over AdamW updates, the engine's
-    weights are the trainer's in bf16 bit for bit; syncs after the first send only what changed, and less
+@pytest.mark.parametrize("engine_dtype", [torch.bfloat16, torch.float32])
+def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_updates_and_resumes(engine_dtype):
+    """``--vllm-weight-sync changed`` (issue 59, item 3): after every sync, over updates, the engine's
+    weights are the trainer's in its dtype bit for bit (float32 too, the trainer's own: the record is a copy); syncs after the first send only what changed, and less
     than a full broadcast; a resumed trainer (a new link, the worker's mirror from before) and a restarted
     server (a new worker: the old link's change refused, the next link full) both end equal too."""
     from muarl.weight_sync.servers import ServerSync
@@ -170,15 +173,23 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    server = _Server(_Worker(dtype=torch.bfloat16), [])
+
+    def update(steps: int) -> None:  # bf16: AdamW at lr 1e-5; float32, where it moves every value: 1% of them
+        if engine_dtype == torch.bfloat16:
+            return _adamw_steps(model, optimizer, steps)
+        with torch.no_grad():
+            for _ in range(steps):
+                for p in model.parameters():
+                    p.view(-1)[torch.rand(p.numel()) < 0.01] += 1e-3
+    server = _Server(_Worker(dtype=engine_dtype), [])
     sync = ServerSync([_Engine(server)], lora=False, how="changed")
-    full = sum(t.numel() * 2 for t in model.state_dict().values())
+    full = sum(t.numel() * engine_dtype.itemsize for t in model.state_dict().values())
     try:
         sync.push(model)
         assert sync.sync_bytes == full and sync.changed_share == 1.0  # a link's first sync is whole
         _engine_equals_trainer(server.worker, model)
         for _ in range(4):
-            _adamw_steps(model, optimizer, 1)
+            update(1)
             sync.push(model)
             _engine_equals_trainer(server.worker, model)
             assert 0 < sync.changed_share < 0.5 and sync.sync_bytes < full / 2, (sync.changed_share, sync.sync_bytes)
@@ -188,7 +199,7 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
 
         # the trainer resumed from an earlier checkpoint: its sync opens a new link, the worker's mirror is dropped
         earlier = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-        _adamw_steps(model, optimizer, 2)
+        update(2)
         sync.push(model)
         model.load_state_dict(earlier)
         sync.close()
@@ -198,14 +209,14 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
         _engine_equals_trainer(server.worker, model)
 
         # the server restarted: a new worker, which has no link nor mirror; the old link's sync is refused
-        server.worker = _Worker(dtype=torch.bfloat16)
-        _adamw_steps(model, optimizer, 1)
+        server.worker = _Worker(dtype=engine_dtype)
+        update(1)
         with pytest.raises(SyncFailed):
             sync.push(model)
         sync.push(model)  # the next sync opens a new link to the new worker, and is whole
         assert sync.sync_bytes == full
         _engine_equals_trainer(server.worker, model)
-        _adamw_steps(model, optimizer, 1)
+        update(1)
         sync.push(model)
         assert sync.sync_bytes < full / 2
         _engine_equals_trainer(server.worker, model)

@@ -71,7 +71,9 @@ class SentWeights:
                        "of": seen[view]}, []
                 continue
             seen[view] = name
-            new = tensor.detach().to(device=self.device, dtype=dtype).contiguous()
+            # a copy even where the dtype and device are the trainer's (a float32 engine, a bf16 rollout copy):
+            # the record must keep what was sent, not follow the live tensor
+            new = tensor.detach().to(device=self.device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
             entry: dict[str, Any] = {"name": name, "dtype": dtype_name(dtype), "shape": list(new.shape)}
             old = self.values.get(name)
             self.values[name] = new
