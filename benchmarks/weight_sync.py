@@ -146,8 +146,11 @@ def main() -> None:
 
 
 def changes(args: argparse.Namespace) -> None:
-    """Full broadcast against changed values, into two bf16 servers of one checkpoint (one per way), after the
-    same AdamW updates, the two syncs of each update in alternating order (the module's docstring)."""
+    """Full broadcast against changed values into one bf16 server, after the same AdamW updates (the
+    module's docstring). One server and one trainer at a time: two bf16 servers beside a float32 trainer
+    and its AdamW state (11 GB at Qwen3-0.6B's shape) did not fit this 24 GB machine."""
+    import gc
+
     import torch
 
     from muarl.models import load
@@ -157,97 +160,98 @@ def changes(args: argparse.Namespace) -> None:
     root = Path(args.dir)
     model_dir = root / f"qwen3-{args.layers}l"
     count = checkpoint(model_dir, args.layers)
-    print(f"model: {count / 1e6:.0f}M parameters, {model_dir}; servers' dtype bfloat16", flush=True)
-    python = args.python or _vllm_python()
-    servers = [launch(model_dir, python, root / f"server-{way}.log", dtype="bfloat16") for way in WAYS]
-    policies = {way: VLLMServerPolicy(url, "bench") for way, (_, url) in zip(WAYS, servers, strict=True)}
+    print(f"model: {count / 1e6:.0f}M parameters, {model_dir}; server dtype bfloat16", flush=True)
+    proc, url = launch(model_dir, args.python or _vllm_python(), root / "server.log", dtype="bfloat16")
+    policy = VLLMServerPolicy(url, "bench")
     try:
         _, tokenizer = load(str(model_dir))
         ids = tokenizer("I would like to return the order I placed last week, please.")["input_ids"]
-        for lr in (float(x) for x in args.lrs.split(",")):
-            model, _ = load(str(model_dir))
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-            syncs = {way: ServerSync([policies[way]], lora=False, how=way) for way in WAYS}
+        for k, lr in enumerate(float(x) for x in args.lrs.split(",")):
             seconds: dict[str, list[float]] = {way: [] for way in WAYS}
             moved: dict[str, list[int]] = {way: [] for way in WAYS}
+            served: dict[str, list[torch.Tensor]] = {way: [] for way in WAYS}
             shares: list[float] = []
-            try:
-                for sync in syncs.values():
+            for way in (WAYS if k % 2 == 0 else WAYS[::-1]):  # the order alternates over the learning rates
+                model, _ = load(str(model_dir))
+                optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)  # no whole-model temporaries
+                sync = ServerSync([policy], lora=False, how=way)
+                try:
                     sync.push(model)  # the start: whole either way (untimed)
-                for update in range(args.updates):
-                    torch.manual_seed(update)
-                    model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    for way in (WAYS if update % 2 == 0 else WAYS[::-1]):
+                    for update in range(args.updates):
+                        torch.manual_seed(update)  # the same updates both ways
+                        model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.backward()
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
                         began = time.perf_counter()
-                        syncs[way].push(model)
+                        sync.push(model)
                         seconds[way].append(time.perf_counter() - began)
-                        moved[way].append(syncs[way].sync_bytes)
-                    shares.append(syncs["changed"].changed_share or 0.0)
-                    full, changed = (_served(policies[way], ids) for way in WAYS)
-                    if not torch.equal(full, changed):
-                        sys.exit(f"weight_sync: after update {update + 1} at lr {lr:g} the server synced by changes "
-                                 f"scores {float((full - changed).abs().max()):.2e} off the one synced whole")
-                    print(f"lr {lr:g} update {update + 1}: full {seconds['memory'][-1]:.2f} s, "
-                          f"{moved['memory'][-1] / 1e9:.3f} GB; changed {seconds['changed'][-1]:.2f} s, "
-                          f"{moved['changed'][-1] / 1e9:.3f} GB, share {shares[-1]:.4f}; the servers' log-probs "
-                          "equal", flush=True)
-                gap = _gap(policies["memory"], model, ids)
-                print(f"lr {lr:g}: server (bf16) vs trainer (float32) log-probs {gap:.1e}", flush=True)
-            finally:
-                for sync in syncs.values():
+                        moved[way].append(sync.sync_bytes)
+                        share = sync.changed_share
+                        if share is not None:
+                            shares.append(share)
+                        served[way].append(_served(policy, ids))
+                        print(f"lr {lr:g} update {update + 1} {way}: {seconds[way][-1]:.2f} s, "
+                              f"{moved[way][-1] / 1e9:.3f} GB" + ("" if share is None else f", share {share:.4f}"),
+                              flush=True)
+                    if way == "memory":
+                        print(f"lr {lr:g}: server (bf16) vs trainer (float32) log-probs {_gap(policy, model, ids):.1e}")
+                finally:
                     sync.close()
+                del model, optimizer
+                gc.collect()
+            for update, (full, changed) in enumerate(zip(served["memory"], served["changed"], strict=True)):
+                if not torch.equal(full, changed):
+                    sys.exit(f"weight_sync: after update {update + 1} at lr {lr:g} the server scores "
+                             f"{float((full - changed).abs().max()):.2e} off under the changed sync")
             full_s, changed_s = statistics.median(seconds["memory"]), statistics.median(seconds["changed"])
             full_b, changed_b = statistics.median(moved["memory"]), statistics.median(moved["changed"])
             print(f"lr {lr:g}: changed vs full: {full_s / changed_s:.2f}x faster, bytes "
                   f"{100 * changed_b / full_b:.1f}% of full (changed {changed_s:.2f} s, {changed_b / 1e9:.3f} GB, "
-                  f"share {statistics.median(shares):.4f}; full {full_s:.2f} s, {full_b / 1e9:.3f} GB)", flush=True)
-            del model, optimizer
+                  f"share {statistics.median(shares):.4f}; full {full_s:.2f} s, {full_b / 1e9:.3f} GB); the "
+                  "server's log-probs equal after every update", flush=True)
         if args.sweep:
-            _sweep(policies, model_dir)
+            _sweep(policy, model_dir)
     finally:
-        for policy in policies.values():
-            policy.close()
-        for proc, _ in servers:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=60)
+        policy.close()
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
 
 
 #: --changes's two ways: the full broadcast and the changed values
 WAYS = ("memory", "changed")
 
 
-def _sweep(policies: dict, model_dir: Path) -> None:
+def _sweep(policy, model_dir: Path) -> None:
     """Seconds of one sync with a set share of every tensor's values changed, changes sent at every share
-    (the whole-tensor threshold lifted), against the full broadcast of the same weights."""
+    (the whole-tensor threshold lifted), against the full broadcast of such a change; each after an untimed
+    whole sync on a link of its own."""
     import torch
 
     from muarl.models import load
     from muarl.weight_sync.servers import ServerSync
 
     model, _ = load(str(model_dir))
-    syncs = {way: ServerSync([policies[way]], lora=False, how=way) for way in WAYS}
-    try:
-        for sync in syncs.values():
-            sync.push(model)  # untimed: a link's first sync is whole
-        syncs["changed"].link.sent.full_above = 1.0  # this sweep sends changes at any share
-        for k, share in enumerate((0.01, 0.05, 0.1, 0.2, 0.3, 0.5)):
-            torch.manual_seed(k)
-            with torch.no_grad():
-                for p in model.parameters():
-                    flat = p.view(-1)
-                    flat[torch.rand(flat.numel()) < share] *= 1.25
-            times = {}
-            for way in (WAYS if k % 2 == 0 else WAYS[::-1]):
+    for k, share in enumerate((0.01, 0.05, 0.1, 0.2, 0.3, 0.5)):
+        times, found = {}, 0.0
+        for way in (WAYS if k % 2 == 0 else WAYS[::-1]):
+            sync = ServerSync([policy], lora=False, how=way)
+            try:
+                sync.push(model)  # untimed: a link's first sync is whole
+                if sync.link.sent is not None:
+                    sync.link.sent.full_above = 1.0  # this sweep sends changes at any share
+                torch.manual_seed(k)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        flat = p.view(-1)
+                        flat[torch.rand(flat.numel()) < share] *= 1.25
                 began = time.perf_counter()
-                syncs[way].push(model)
+                sync.push(model)
                 times[way] = time.perf_counter() - began
-            print(f"sweep: share {syncs['changed'].changed_share:.3f}: changed {times['changed']:.2f} s, full "
-                  f"{times['memory']:.2f} s ({times['memory'] / times['changed']:.2f}x)", flush=True)
-    finally:
-        for sync in syncs.values():
-            sync.close()
+                found = sync.changed_share if sync.changed_share is not None else found
+            finally:
+                sync.close()
+        print(f"sweep: share {found:.3f}: changed {times['changed']:.2f} s, full {times['memory']:.2f} s "
+              f"({times['memory'] / times['changed']:.2f}x)", flush=True)
 
 
 def _served(policy, ids: list[int]):

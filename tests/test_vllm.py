@@ -801,6 +801,24 @@ def test_grpo_rolls_out_through_a_vllm_server_and_keeps_it_in_step(vllm_server, 
             _restore(vllm_server)
 
 
+def test_grpo_with_the_changed_sync_keeps_a_server_in_step_and_records_what_changed(vllm_server, tmp_path):
+    """--vllm-weight-sync changed in a GRPO run: the server samples every step from the updated weights, and
+    each step's metrics say what the sync found changed and moved (at this test's lr every float32 value
+    moves: most tensors go whole)."""
+    import json
+
+    from muarl.models import load
+
+    try:
+        _grpo_keeps_the_engine_in_step(tmp_path, 0, f"vllm-server:{vllm_server}/v1#tiny", vllm_weight_sync="changed")
+        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        model = load("tiny")[0]
+        assert all(0 < row["sync_changed"] <= 1 for row in rows), rows
+        assert all(0 < row["sync_bytes"] <= _model_bytes(model) - _tied_bytes(model) for row in rows), rows
+    finally:
+        _restore(vllm_server)
+
+
 def test_one_server_is_the_rollout_engine_and_a_frozen_llm_user(vllm_server, tmp_path):
     """The one-GPU layout of docs/gpu.md: one vLLM server samples the policy (its LoRA adapter, reloaded
     after every update) and plays the user (``--user llm:URL#MODEL`` on the base model, adapter off).
