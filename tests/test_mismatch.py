@@ -259,7 +259,7 @@ def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path
             return 0.0
 
     monkeypatch.setattr(orchestrator, "make_sampler",
-                        lambda config, model, tokenizer, dist=None: Recording(model, tokenizer, config.temperature,
+                        lambda config, model, tokenizer, dist=None, files=None: Recording(model, tokenizer, config.temperature,
                                                                    config.max_new_tokens))
     config = preset("tiny", out=str(tmp_path / "run"), domain="train_fixtures:coin", steps=2, tasks_per_step=2,
                     group_size=4, max_new_tokens=8, max_turns=2, lr=1e-2, kl_beta=0.0, save_every=0)
@@ -288,7 +288,7 @@ def test_a_rollout_engine_on_other_weights_is_warned_once(tmp_path, monkeypatch,
     train_grpo(config(tmp_path / "same"), progress=False)
     assert "warning" not in capsys.readouterr().err
 
-    def elsewhere(config, model, tokenizer, dist=None):
+    def elsewhere(config, model, tokenizer, dist=None, files=None):
         other = copy.deepcopy(model).requires_grad_(False)
         generator = torch.Generator().manual_seed(0)
         for p in other.parameters():

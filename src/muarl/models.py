@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,28 @@ def adapter_chain(name_or_path: str | Path) -> tuple[list[Path], Path]:
     return adapters, resolve(name_or_path)
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where a model spec's files are (:func:`locate`): found once at the top of a run and handed to what
+    digests, loads or serves them, so that none of those digs the spec out again (an alias built, a Hub
+    snapshot looked up, a chain of LoRA adapters followed)."""
+
+    spec: str
+    adapters: tuple[Path, ...]  # the LoRA adapter directories the spec stacks, the top one first
+    root: Path  # the whole checkpoint beneath them
+
+    @property
+    def tokenizer(self) -> Path:
+        """Where the tokenizer is (:func:`tokenizer_dir`)."""
+        return _tokenizer_of(list(self.adapters), self.root)
+
+
+def locate(name_or_path: str | Path) -> ModelFiles:
+    """The files of a checkpoint directory, alias, Hub id or LoRA adapter directory (:func:`adapter_chain`)."""
+    adapters, root = adapter_chain(name_or_path)
+    return ModelFiles(str(name_or_path), tuple(adapters), root)
+
+
 def checkpoint_root(name_or_path: str | Path) -> Path:
     """The whole checkpoint under ``name_or_path``: itself (or its alias's directory), or for a LoRA
     adapter the checkpoint at the bottom of its chain of bases."""
@@ -192,16 +215,17 @@ def causal_lm(model: Any) -> Any:
     return model.get_base_model() if is_lora(model) else model
 
 
-def load(name_or_path: str | Path, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for a checkpoint directory, alias or LoRA adapter directory, in eval mode,
-    float32 on CPU by default. An adapter is merged into its base (an ordinary model, as fast as the base),
-    and the merged model names the adapter as where it came from, so that an adapter trained on top of it
-    names this one as its base."""
+def load(name_or_path: str | Path | ModelFiles, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for a checkpoint directory, alias or LoRA adapter directory (or its files, located
+    before: :func:`locate`), in eval mode, float32 on CPU by default. An adapter is merged into its base (an
+    ordinary model, as fast as the base), and the merged model names the adapter as where it came from, so
+    that an adapter trained on top of it names this one as its base."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    adapters, root = adapter_chain(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_of(adapters, root))
+    files = name_or_path if isinstance(name_or_path, ModelFiles) else locate(name_or_path)
+    adapters, root = list(files.adapters), files.root
+    tokenizer = AutoTokenizer.from_pretrained(files.tokenizer)
     model = AutoModelForCausalLM.from_pretrained(root, dtype=dtype or torch.float32)
     if adapters:
         from peft import PeftModel

@@ -37,7 +37,7 @@ from muarl.train.grpo_config import GRPOConfig
 from muarl.train.grpo_update import update_on_rollouts
 from muarl.train.memory import peak_memory, unmap_large_frees
 from muarl.train.optim import make_optimizer
-from muarl.train.orchestrator import check_rollouts, open_rollouts, sync_figures
+from muarl.train.orchestrator import check_rollouts, open_rollouts, open_sampler, open_user, sync_figures
 from muarl.train.run import open_run
 from muarl.train.settings import Resolved, complete
 from muarl.train.sharded_init import load_sharded
@@ -74,9 +74,10 @@ def train_grpo(config: GRPOConfig | Resolved[GRPOConfig], progress: bool = True)
     # checkpoint's shards below
     if config.fsdp:
         unmap_large_frees()  # layer-sized frees of a sharded run return their pages
-        model, reference, tokenizer = load_sharded(config, dist, want_reference=True)
+        model, reference, tokenizer = load_sharded(config, dist, want_reference=True, files=run.model)
     else:
-        model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True)
+        model, reference, tokenizer = load_trainable(config, str(dist.device), run.resume_from, want_reference=True,
+                                                     files=run.model)
     model.eval()
     algorithm = get_algorithm(config.algorithm, clip_low=config.clip_low, clip_high=config.clip_high,
                               kl_beta=config.kl_beta)
@@ -90,7 +91,10 @@ def train_grpo(config: GRPOConfig | Resolved[GRPOConfig], progress: bool = True)
     cursor = sum(int(r.get("tasks_played", config.tasks_per_step)) for r in history)
     rollouts = None
     try:
-        rollouts = open_rollouts(config, dist, domain, model, tokenizer, run.start_step, cursor,
+        # what plays the episodes, built once here and handed down: the user, and the engine on the model
+        user = open_user(config)
+        sampler = open_sampler(config, dist, model, tokenizer, run.model)
+        rollouts = open_rollouts(config, dist, domain, model, sampler, user, run.start_step, cursor,
                                  progress=console is not None)
         warned = False
         for step in range(run.start_step, config.steps):

@@ -17,7 +17,9 @@ position, the seeds, the refills of dynamic sampling, the staleness bound and th
   (tests/test_async_grpo.py). Under several training processes one stream, rank 0's, plays every group
   and hands each step to every rank.
 
-:func:`open_rollouts` picks one (the only place that reads ``max_staleness`` to choose).
+:func:`open_rollouts` picks one (the only place that reads ``max_staleness`` to choose). What it plays with is
+built once, at the top of the run (:func:`muarl.train.grpo.train_grpo`), and handed to it: the user
+(:func:`open_user`) and the sampler (:func:`open_sampler`), which holds the engine.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 
 from muarl.factory import make_user
 from muarl.faults import counts_against_policy
+from muarl.models import ModelFiles
 from muarl.rollout import RolloutEngine
 from muarl.train.async_rollouts import RolloutStream, take_step
 from muarl.train.distributed import Dist
@@ -49,6 +52,7 @@ from muarl.train.samplers import (
     samples_here,
 )
 from muarl.types import Task, Trajectory
+from muarl.users.base import UserSimulator
 
 
 @dataclass
@@ -264,25 +268,33 @@ def check_rollouts(config: GRPOConfig, dist: Dist) -> None:
         check_rollout_engine(config)
 
 
-def open_rollouts(config: GRPOConfig, dist: Dist, domain: Any, model: Any, tokenizer: Any, start_step: int,
-                  cursor: int, progress: bool = False) -> Lockstep | Streamed:
-    """The run's source of steps, its engine checked against ``model``'s weights: the user
-    ``config.user``, the engine ``config.rollout_engine`` (on a copy of the weights where it cannot sample
-    from the trainer's model object: a sharded run's, an asynchronous run's on muarl's engine), the
-    training split in the run seed's order from ``cursor`` on (the data position: tasks played so far)."""
-    user = make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
-    episode = config.episode_config()  # as the paper trains: required outputs not graded
-    tasks = domain.tasks(config.split)
-    order = random.Random(config.seed).sample(tasks, len(tasks))
+def open_user(config: GRPOConfig) -> UserSimulator:
+    """The run's simulated user, ``config.user`` with its limits: built once, played in every episode."""
+    return make_user(config.user, http_timeout=config.user_http_timeout, max_tokens=config.user_max_tokens)
+
+
+def open_sampler(config: GRPOConfig, dist: Dist, model: Any, tokenizer: Any, files: ModelFiles | None) -> Sampler:
+    """What samples the run's episodes: the engine ``config.rollout_engine`` on ``model``'s weights (``files``:
+    where ``--model``'s are, as the run located them), on a copy of the weights where it cannot sample from
+    the trainer's model object (a sharded run's, an asynchronous run's on muarl's engine)."""
     # a sharded run, or an asynchronous one on muarl's engine (which samples from a model object), samples
     # from a copy of the weights that follows them after every update; vLLM engines hold weights of their own
     if config.fsdp:
-        sampler: Sampler = CopySampler(config, model, rollout_copy(config, dist), tokenizer, dist)
-    elif config.max_staleness and config.rollout_engine == "hf":  # rank 0's stream alone samples
-        sampler = CopySampler(config, model, copy.deepcopy(model) if dist.main else None, tokenizer, dist)
-    else:
-        sampler = make_sampler(config, model, tokenizer, dist)
+        return CopySampler(config, model, rollout_copy(config, dist), tokenizer, dist, files)
+    if config.max_staleness and config.rollout_engine == "hf":  # rank 0's stream alone samples
+        return CopySampler(config, model, copy.deepcopy(model) if dist.main else None, tokenizer, dist, files)
+    return make_sampler(config, model, tokenizer, dist, files)
+
+
+def open_rollouts(config: GRPOConfig, dist: Dist, domain: Any, model: Any, sampler: Sampler, user: UserSimulator,
+                  start_step: int, cursor: int, progress: bool = False) -> Lockstep | Streamed:
+    """The run's source of steps, playing ``user`` against ``sampler`` (which it owns from here: closed
+    when this fails), the engine checked against ``model``'s weights first, the training split in the run
+    seed's order from ``cursor`` on (the data position: tasks played so far)."""
     try:
+        episode = config.episode_config()  # as the paper trains: required outputs not graded
+        tasks = domain.tasks(config.split)
+        order = random.Random(config.seed).sample(tasks, len(tasks))
         sampler.check(model, domain)  # an engine on other weights: one line before a step trains on its episodes
     except BaseException:
         sampler.close()

@@ -30,7 +30,7 @@ import shutil
 import sys
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from muarl.files import atomic_write, sha256_of
 from muarl.provenance import flatten, muarl_commit, package_version
 from muarl.train.checkpoint import checkpoints_dir, choose_resume, remove_partial, set_aside
 from muarl.train.distributed import Dist
+
+if TYPE_CHECKING:
+    from muarl.models import ModelFiles
 
 #: config fields a resumed run may change without changing what the remaining steps compute
 MAY_CHANGE = {"steps", "epochs", "out", "resume", "save_every", "keep_checkpoints", "report_to", "micro_batch_size",
@@ -96,11 +99,14 @@ WHOLE_DIGEST_BYTES = 1 << 30
 
 @dataclass
 class Run:
-    """Where a run writes, and the checkpoint it resumes from (None on a fresh start)."""
+    """Where a run writes, the checkpoint it resumes from (None on a fresh start), and the files of the
+    model it starts from, located once here (None without a ``model``, or when its spec names no model:
+    the run's own load then says why) for everything below to load or serve."""
 
     out: Path
     resume_from: Path | None
     start_step: int
+    model: ModelFiles | None = None
 
 
 def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> Run:
@@ -137,12 +143,16 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
             raise ValueError(f"{out} holds a run with another config ({detail}); resuming it would not reproduce "
                              "that run. Use another --out, or --no-resume to start over (deletes its checkpoints)")
     model_spec = getattr(config, "model", None)
+    located: ModelFiles | OSError | ValueError | None = None
     if model_spec:  # after the config check: a refused resume builds nothing
-        if dist.main and dist.world > 1:  # build a cached alias (tiny-random, smollm2) once, not per rank
-            _model_files(model_spec)
+        if dist.main:  # first: a cached alias (tiny-random, smollm2) is built once, not per rank
+            located = _located(model_spec)
         dist.barrier()
-        inputs.setdefault("model", model_digests(model_spec))
-    record = provenance_record(config, inputs)
+        if not dist.main:
+            located = _located(model_spec)
+        inputs.setdefault("model", model_digests(located) if not isinstance(located, Exception)
+                          else {"error": str(located)})
+    record = provenance_record(config, inputs, located)
     if resume is not None and (out / PROVENANCE).exists():  # a run recorded before provenance.json: not checked
         before = json.loads((out / PROVENANCE).read_text())
         recorded = before.get("inputs", {})
@@ -167,7 +177,8 @@ def open_run(config: Any, dist: Dist, inputs: dict[str, Any] | None = None) -> R
             (out / PROVENANCE).write_text(json.dumps(record, indent=1) + "\n")
     dist.barrier()
     torch.manual_seed(config.seed)
-    return Run(out, resume[1] if resume else None, resume[0] if resume else 0)
+    return Run(out, resume[1] if resume else None, resume[0] if resume else 0,
+               None if isinstance(located, Exception) else located)
 
 
 def check_shared_out(out: Path, dist: Dist) -> None:
@@ -214,10 +225,11 @@ def _recorded_empty(recorded: dict[str, Any], key: str) -> bool:
     return recorded.get(top) in ({}, None)
 
 
-def provenance_record(config: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+def provenance_record(config: Any, inputs: dict[str, Any],
+                      located: ModelFiles | OSError | ValueError | None = None) -> dict[str, Any]:
     """What ``provenance.json`` holds: muarl's version and commit, the packages' versions, the config's
-    specs as given (:data:`SPECS`), the starting model's location, and ``inputs`` (the digests a resume
-    checks)."""
+    specs as given (:data:`SPECS`), the starting model's location (``located``: its files, or why they
+    were not found; looked up here when not given), and ``inputs`` (the digests a resume checks)."""
     specs = {name: getattr(config, name) for name in SPECS if getattr(config, name, None) not in (None, "", [])}
     record: dict[str, Any] = {
         "muarl": {"version": muarl.__version__, "commit": muarl_commit()},
@@ -226,11 +238,12 @@ def provenance_record(config: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         "specs": specs,
     }
     if specs.get("model"):
-        try:
-            adapters, root = _model_files(specs["model"])
-            record["model"] = {"spec": specs["model"], "path": str(root), "adapters": [str(a) for a in adapters]}
-        except (OSError, ValueError) as err:  # the run's own load says so, in its words; the record notes it
-            record["model"] = {"spec": specs["model"], "error": str(err)}
+        files = located if located is not None else _located(specs["model"])
+        if isinstance(files, Exception):  # the run's own load says so, in its words; the record notes it
+            record["model"] = {"spec": specs["model"], "error": str(files)}
+        else:
+            record["model"] = {"spec": specs["model"], "path": str(files.root),
+                               "adapters": [str(a) for a in files.adapters]}
     return {**record, "inputs": inputs}
 
 
@@ -242,23 +255,26 @@ def _version_drift(before: dict[str, Any], now: dict[str, Any]) -> str:
     return "; ".join(f"{k}: {then[k]} -> {current.get(k)}" for k in sorted(then) if then[k] != current.get(k))
 
 
-def _model_files(spec: str) -> tuple[list[Path], Path]:
-    """(LoRA adapter directories, whole checkpoint) of a model spec (:func:`muarl.models.adapter_chain`;
-    an alias such as ``tiny-random`` or ``smollm2`` is built into the cache on first use)."""
-    from muarl.models import adapter_chain
+def _located(spec: str) -> ModelFiles | OSError | ValueError:
+    """The files of a model spec (:func:`muarl.models.locate`), or why there are none (recorded; the run's
+    own load raises it)."""
+    from muarl.models import locate
 
-    return adapter_chain(spec)
+    try:
+        return locate(spec)
+    except (OSError, ValueError) as err:
+        return err
 
 
-def model_digests(spec: str) -> dict[str, str]:
+def model_digests(spec: str | ModelFiles) -> dict[str, str]:
     """``{file: digest}`` of the checkpoint a run starts from (and of each LoRA adapter on it, as
     ``adapter<i>/file``): the files a load reads (configs, tokenizer, weights). Paths are left out (an
     alias's directory depends on where muarl is installed); the contents are what a resume must find
     again. A spec that cannot be resolved records ``{"error": ...}`` and leaves the error to the load."""
-    try:
-        adapters, root = _model_files(spec)
-    except (OSError, ValueError) as err:
-        return {"error": str(err)}
+    files = _located(spec) if isinstance(spec, str) else spec
+    if isinstance(files, Exception):
+        return {"error": str(files)}
+    adapters, root = files.adapters, files.root
     digests: dict[str, str] = {}
     for prefix, folder in [("", root), *((f"adapter{i}/", a) for i, a in enumerate(adapters))]:
         for path in sorted(Path(folder).iterdir()):

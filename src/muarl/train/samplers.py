@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from muarl.faults import EngineFailed
-from muarl.models import causal_lm, is_lora
+from muarl.models import ModelFiles, causal_lm, is_lora
 from muarl.policies.base import Policy, PolicySession
 from muarl.train.distributed import Dist
 from muarl.train.engine_spec import SERVER, server_endpoints
@@ -201,7 +201,8 @@ class CopySampler:
     again and gathers into it, except where the copy must stay: an asynchronous run samples from it during
     the update, and a LoRA run's copy keeps its base (which is never gathered)."""
 
-    def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None):
+    def __init__(self, config: Any, model: Any, plain: Any | None, tokenizer: Any, dist: Dist | None = None,
+                 files: ModelFiles | None = None):
         # only rank 0 holds a copy with servers (it alone pushes) and with a stream (it alone samples)
         self.to_main = config.rollout_engine.startswith(SERVER) or bool(config.max_staleness)
         self.lora = is_lora(model)
@@ -209,7 +210,7 @@ class CopySampler:
         self.plain = plain.eval().requires_grad_(False) if plain is not None else None
         self.released: dict[str, torch.Size] = {}
         self._gather(model)
-        self.inner = make_sampler(config, plain, tokenizer, dist)
+        self.inner = make_sampler(config, plain, tokenizer, dist, files)
 
     def _gather(self, model: Any) -> None:
         from muarl.train.sharding import gather_into
@@ -470,16 +471,21 @@ def check_rollout_engine(config: Any) -> None:
             policy.close()
 
 
-def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = None) -> Sampler:
+def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = None,
+                 files: ModelFiles | None = None) -> Sampler:
     """The sampler ``config.rollout_engine`` names, for a GRPO run's ``model`` on this process of ``dist``
-    (servers are shared by the processes: rank 0 alone pushes the weights into them).
+    (servers are shared by the processes: rank 0 alone pushes the weights into them); ``files``: where
+    ``--model``'s files are, as the run located them (looked up here when not given).
 
     A run whose ``--model`` is a LoRA adapter directory trains on that adapter merged into its base: the
     engine starts on the whole checkpoint beneath and is synced with full (merged) weights, as an adapter
     trained on top of the merged one cannot be served on that checkpoint."""
-    from muarl.models import adapter_base, checkpoint_root
+    from muarl.models import locate
 
-    lora = config.lora_r > 0 and adapter_base(config.model) is None
+    def located() -> ModelFiles:
+        return files if files is not None else locate(config.model)
+
+    lora = config.lora_r > 0 and not located().adapters
     if config.rollout_engine.startswith(SERVER):  # every rank: rank 0 pushes, the others wait on it
         return ServerSampler(server_policies(config), model, lora, dist, weight_sync=config.vllm_weight_sync,
                              sync_dir=config.vllm_sync_dir)
@@ -491,7 +497,7 @@ def make_sampler(config: Any, model: Any, tokenizer: Any, dist: Dist | None = No
         bf16 = config.bf16 if config.bf16 is not None else cuda
         # colocated with the trainer: vLLM's default (90% of the GPU for weights and KV cache) would starve it
         options = {"gpu_memory_utilization": config.vllm_gpu_memory} if cuda else {}
-        return VLLMSampler.in_process(str(checkpoint_root(config.model)), model, config.temperature,
+        return VLLMSampler.in_process(str(located().root), model, config.temperature,
                                       config.max_new_tokens, lora_rank=config.lora_r if lora else 0,
                                       sleep=config.vllm_sleep,
                                       dtype="bfloat16" if bf16 else "float32", seed=config.seed, **options)

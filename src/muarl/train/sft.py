@@ -194,9 +194,9 @@ def train_sft(config: SFTConfig, progress: bool = True) -> dict[str, Any]:
     # a sharded run starts from --model and loads its checkpoint's shards below
     if config.fsdp:  # built on meta, each rank reading its own shards; a resumed run loads its shards below
         unmap_large_frees()  # layer-sized frees of a sharded run return their pages
-        model, _, tokenizer = load_sharded(config, dist)
+        model, _, tokenizer = load_sharded(config, dist, files=run.model)
     else:
-        model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from)
+        model, _, tokenizer = load_trainable(config, str(dist.device), run.resume_from, files=run.model)
     model.train()
     records = load_records(config.data, tokenizer)
     schedule_ = batch_schedule(len(records), config)

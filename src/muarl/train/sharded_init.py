@@ -20,13 +20,16 @@ the plain path: load, then shard (:func:`muarl.train.sharding.shard_for_training
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from muarl.train.distributed import Dist
 from muarl.train.meta_models import checkpoint_files, empty_model, materialize
 from muarl.train.sharding import mixed_precision, shard, shard_for_training, shard_rows
+
+if TYPE_CHECKING:
+    from muarl.models import ModelFiles
 
 
 def fill_shards(model: Any, files: dict[str, Path], dist: Dist) -> None:
@@ -51,15 +54,17 @@ def fill_shards(model: Any, files: dict[str, Path], dist: Dist) -> None:
                         local.copy_(handle.get_slice(name)[start:end].to(local.dtype))
 
 
-def loadable(config: Any) -> Path | None:
+def loadable(config: Any, located: ModelFiles | None = None) -> Path | None:
     """The checkpoint directory a sharded run of ``config`` builds on meta and fills from, or None where it
-    takes the plain path (see the module docstring)."""
-    from muarl.models import adapter_chain
+    takes the plain path (see the module docstring); ``located``: ``config.model``'s files, where the run
+    located them already."""
+    from muarl.models import locate
 
     if config.lora_r > 0:
         return None
-    adapters, root = adapter_chain(config.model)
-    if adapters:
+    model = located if located is not None else locate(config.model)
+    root = model.root
+    if model.adapters:
         return None
     files = checkpoint_files(root)
     if not files:
@@ -81,19 +86,23 @@ def sharded_model(root: Path, dist: Dist, dtype: torch.dtype, bf16: bool, offloa
     return model if trainable else model.eval()
 
 
-def load_sharded(config: Any, dist: Dist, want_reference: bool = False) -> tuple[Any, Any, Any]:
+def load_sharded(config: Any, dist: Dist, want_reference: bool = False,
+                 files: ModelFiles | None = None) -> tuple[Any, Any, Any]:
     """(sharded model to train, sharded reference or None, tokenizer) of a ``--fsdp`` run, as
     :func:`muarl.train.weights.load_trainable` returns them unsharded: without a whole copy on any rank
     where the checkpoint allows it, else loaded and then sharded. ``want_reference``: the frozen starting
-    model of full fine-tuning, in the dtype the sharded forwards compute in."""
+    model of full fine-tuning, in the dtype the sharded forwards compute in; ``files``: ``config.model``'s,
+    where the run located them already (:attr:`muarl.train.run.Run.model`)."""
     from transformers import AutoTokenizer
 
-    from muarl.models import tokenizer_dir
+    from muarl.models import locate
     from muarl.train.weights import load_trainable
 
-    root = loadable(config)
+    files = files if files is not None else locate(config.model)
+    root = loadable(config, files)
     if root is None:
-        model, reference, tokenizer = load_trainable(config, str(dist.device), None, want_reference=want_reference)
+        model, reference, tokenizer = load_trainable(config, str(dist.device), None, want_reference=want_reference,
+                                                     files=files)
         shard_for_training(model, reference, config, dist)
         return model, reference, tokenizer
     bf16 = mixed_precision(config, dist.device)
@@ -103,4 +112,4 @@ def load_sharded(config: Any, dist: Dist, want_reference: bool = False) -> tuple
         reference = sharded_model(root, dist, torch.bfloat16 if bf16 else torch.float32, bf16, config.fsdp_offload,
                                   trainable=False)
     model.eval()
-    return model, reference, AutoTokenizer.from_pretrained(tokenizer_dir(config.model))
+    return model, reference, AutoTokenizer.from_pretrained(files.tokenizer)

@@ -16,22 +16,24 @@ from typing import Any
 
 import torch
 
-from muarl.models import is_lora, load
+from muarl.models import ModelFiles, is_lora, load
 from muarl.train.diskspace import OutOfSpace, free_bytes, out_of_space, size_text
 
 
 def load_trainable(config: Any, device: str | None, resume_from: Path | None,
-                   want_reference: bool = False) -> tuple[Any, Any, Any]:
+                   want_reference: bool = False, files: ModelFiles | None = None) -> tuple[Any, Any, Any]:
     """(model to train, reference or None, tokenizer) for a run, from its checkpoint when resuming.
 
-    ``config`` needs ``model``, ``lora_r``, ``lora_alpha``, ``lora_dropout`` and ``lora_targets``.
+    ``config`` needs ``model``, ``lora_r``, ``lora_alpha``, ``lora_dropout`` and ``lora_targets``; ``files``
+    are ``config.model``'s, where the run located them already (:attr:`muarl.train.run.Run.model`).
     ``want_reference`` (GRPO) asks for the frozen starting model in full fine-tuning; with LoRA the
     reference is always None (see :func:`reference_mode`).
     """
+    start = files if files is not None else config.model
     if config.lora_r > 0:
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        base, tokenizer = load(config.model, device=device)
+        base, tokenizer = load(start, device=device)
         if resume_from is not None:
             model = PeftModel.from_pretrained(base, resume_from / "adapter", is_trainable=True)
         else:
@@ -43,9 +45,9 @@ def load_trainable(config: Any, device: str | None, resume_from: Path | None,
     if resume_from is not None:
         model, tokenizer = load(resume_from / "model", device=device)
         own_memory(model)
-        reference = load(config.model, device=device)[0] if want_reference else None
+        reference = load(start, device=device)[0] if want_reference else None
     else:
-        model, tokenizer = load(config.model, device=device)
+        model, tokenizer = load(start, device=device)
         reference = copy.deepcopy(model) if want_reference else None
     if reference is not None:
         reference.eval().requires_grad_(False)
