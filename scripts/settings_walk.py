@@ -10,11 +10,14 @@ what a reader would have to open to follow the run from its command line:
   line, the parsed options, a config file's values or the run's config, from ``main()`` until
   :func:`muarl.train.run.open_run` has recorded the resolved settings; the files they are in, and how often
   the walk moves from one file to another;
+- **where the run config is built**: the chain of muarl calls above each construction of the config (each
+  ``__post_init__``: a preset merged with options, a derived default filled in), and the files on them;
 - **models.py**: how often code outside ``muarl/models.py`` calls into it (an entry: the callee digs a model
   out of a spec again), in the run's setup (until its first step) and in the whole run, by function;
 - **config handed to**: the files whose functions are given the whole run config as an argument.
 
-The figures are counts, not timings: the same checkout gives the same numbers on any machine.
+The figures are counts, not timings: the same checkout gives the same numbers on any machine. Another
+checkout's figures (the walk before train/settings.py): ``PYTHONPATH=CHECKOUT/src python scripts/settings_walk.py``.
 """
 
 from __future__ import annotations
@@ -49,18 +52,25 @@ class Walk:
     """The profiler's tallies; one callback for every thread."""
 
     def __init__(self) -> None:
-        from muarl.train.settings import RunSettings
+        try:
+            from muarl.train.settings import Resolved, RunSettings
+        except ImportError:  # a checkout from before train/settings.py (issue 58): the walk it replaced
+            from muarl.train import RunSettings  # type: ignore[attr-defined,no-redef]
 
-        # the parsed options and the config; not the parser, which declares options (a parser-building
-        # function defines what may be set, not what a run is set to)
-        self.settings_types: tuple[type, ...] = (argparse.Namespace, RunSettings)
-        self.config_type = RunSettings
+            Resolved = RunSettings  # type: ignore[misc,assignment]
+
+        # the parsed options and the config (bare or resolved); not the parser, which declares options (a
+        # parser-building function defines what may be set, not what a run is set to)
+        self.settings_types: tuple[type, ...] = (argparse.Namespace, RunSettings, Resolved)
+        self.config_type: tuple[type, ...] = (RunSettings, Resolved)
         self.phase = "settings"  # then "setup" (after open_run), then "steps" (from the first next_step)
         self.settings: list[str] = []  # "file:function" in first-entry order
         self.hops: list[str] = []  # the file of each settings function entered, when it differs from the last
         self.models: dict[str, collections.Counter[str]] = {p: collections.Counter()
                                                             for p in ("settings", "setup", "steps")}
         self.handed: set[str] = set()
+        #: each chain of muarl calls (outermost first) that built or changed the run config, and how often
+        self.built: collections.Counter[tuple[str, ...]] = collections.Counter()
         self._names: dict[CodeType, str | None] = {}
         self._importing = 0
 
@@ -97,9 +107,21 @@ class Walk:
             self.models[self.phase][f"{code.co_name}({kind})"] += 1
         if any(isinstance(a, self.config_type) for a in args):
             self.handed.add(name)
+        if self.phase == "settings" and code.co_name == "__post_init__" and isinstance(args[0], self.config_type):
+            self.built[self._chain(frame.f_back)] += 1
         if self.phase == "settings" and (any(self._settings_value(a) for a in args)
                                          or name == "cli/config_file.py"):
             self._visit(name, where)
+
+    def _chain(self, frame: FrameType | None) -> tuple[str, ...]:
+        """The muarl functions on the stack above ``frame`` (itself included), outermost first."""
+        chain = []
+        while frame is not None:
+            name = _short(frame.f_code)
+            if name is not None and not frame.f_code.co_name.startswith("<"):
+                chain.append(f"{name}:{frame.f_code.co_name}")
+            frame = frame.f_back
+        return tuple(reversed(chain))
 
     def _visit(self, name: str, where: str) -> None:
         if where not in self.settings:
@@ -138,6 +160,12 @@ def main() -> int:
     for name in files:
         print(f"  {name}: " + ", ".join(w.split(":")[1] for w in walk.settings if w.startswith(name + ":")))
     print("  walk: " + " -> ".join(walk.hops))
+    chains = list(walk.built)
+    files_built = list(dict.fromkeys(w.split(":")[0] for chain in chains for w in chain))
+    print(f"\nwhere the run config is built (each chain of calls that made one): {len(chains)} chains over "
+          f"{len(files_built)} files")
+    for chain in chains:
+        print(f"  {walk.built[chain]}x " + " -> ".join(chain))
     for phase, label in (("settings", "settings"), ("setup", "setup (open_run to the first step)"),
                          ("steps", "the step")):
         counts = walk.models[phase]
