@@ -585,7 +585,8 @@ def test_server_sync_of_changes_scores_as_the_trainer_after_every_update(vllm_se
         model, _ = load("tiny")
         start = copy.deepcopy(model).requires_grad_(False)
         sync.push(model)
-        assert sync.sync_bytes == _model_bytes(model) - _tied_bytes(model)  # whole; the tied head named, not sent
+        # whole (the tied head named, not sent), and each weight's 16-byte (send, count) in its bucket's header
+        assert sync.sync_bytes == _model_bytes(model) - _tied_bytes(model) + 16 * len(model.state_dict())
         _grpo_step(model, start, good, bad)
         sync.push(model)
         assert sync.changed_share > 0.5 and sync.sync_bytes > 0.5 * _model_bytes(model)
@@ -603,7 +604,7 @@ def test_server_sync_of_changes_scores_as_the_trainer_after_every_update(vllm_se
                 assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask],
                                       _trainer_scores(model, traj.token_ids)[mask], atol=TOLERANCE)
         sync.push(model)
-        assert sync.sync_bytes == 0 and sync.changed_share == 0.0
+        assert sync.sync_bytes == 16 * len(model.state_dict()) and sync.changed_share == 0.0  # the headers alone
         sync.push(start)
         for traj in (good, bad):
             mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
@@ -814,7 +815,8 @@ def test_grpo_with_the_changed_sync_keeps_a_server_in_step_and_records_what_chan
         rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
         model = load("tiny")[0]
         assert all(0 < row["sync_changed"] <= 1 for row in rows), rows
-        assert all(0 < row["sync_bytes"] <= _model_bytes(model) - _tied_bytes(model) for row in rows), rows
+        whole = _model_bytes(model) - _tied_bytes(model) + 16 * len(model.state_dict())
+        assert all(0 < row["sync_bytes"] <= whole for row in rows), rows
     finally:
         _restore(vllm_server)
 

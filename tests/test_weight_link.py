@@ -183,7 +183,8 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
                     p.view(-1)[torch.rand(p.numel()) < 0.01] += 1e-3
     server = _Server(_Worker(dtype=engine_dtype), [])
     sync = ServerSync([_Engine(server)], lora=False, how="changed")
-    full = sum(t.numel() * engine_dtype.itemsize for t in model.state_dict().values())
+    # every value, and each weight's 16-byte (send, count) in its bucket's header
+    full = sum(t.numel() * engine_dtype.itemsize + 16 for t in model.state_dict().values())
     try:
         sync.push(model)
         assert sync.sync_bytes == full and sync.changed_share == 1.0  # a link's first sync is whole
@@ -194,7 +195,7 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
             _engine_equals_trainer(server.worker, model)
             assert 0 < sync.changed_share < 0.5 and sync.sync_bytes < full / 2, (sync.changed_share, sync.sync_bytes)
         sync.push(model)  # nothing changed: nothing on the wire
-        assert sync.sync_bytes == 0 and sync.changed_share == 0.0
+        assert sync.sync_bytes == 16 * len(model.state_dict()) and sync.changed_share == 0.0  # the headers alone
         _engine_equals_trainer(server.worker, model)
 
         # the trainer resumed from an earlier checkpoint: its sync opens a new link, the worker's mirror is dropped
@@ -270,7 +271,8 @@ def test_a_tied_weight_is_compared_and_sent_once_and_reaches_the_engine_under_bo
     sync = ServerSync([_Engine(server)], lora=False, how="changed")
     try:
         sync.push(model)
-        once = sum(p.numel() * 2 for p in model.parameters())  # parameters(): the tied tensor once
+        # parameters(): the tied tensor once; and each weight's (send, count) in its bucket's header
+        once = sum(p.numel() * 2 for p in model.parameters()) + 16 * len(model.state_dict())
         assert sync.sync_bytes == once < sum(t.numel() * 2 for t in model.state_dict().values())
         _engine_equals_trainer(server.worker, model)
         for _ in range(2):

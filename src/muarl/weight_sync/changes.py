@@ -5,7 +5,9 @@ the next (an AdamW step of lr 1e-6 moves a float32 master weight by about 1e-6, 
 0.02 changes only when that crosses its rounding step of about 1e-4), so a full broadcast resends bytes
 the engine already holds. Here the trainer keeps what it last sent (:class:`SentWeights`, one copy of the
 model in the engine's dtype where the link's buffers live) and sends, per tensor, its changed positions
-(flat, int32) and their new values; a tensor with more than ``full_above`` of its values changed goes
+(flat, int32) and their new values, each bucket's sizes in a small header broadcast ahead of its bytes
+(so the next bucket is compared while one is on the wire and loading); a tensor with more than
+``full_above`` of its values changed goes
 whole (measured: ``benchmarks/weight_sync.py --sweep``), an unchanged one sends nothing, and a tied weight
 (Qwen3-0.6B's LM head, its embeddings' own tensor) is named as the other's alias, compared and sent once.
 The comparison is of the bits, so a value rounded back to what the engine has sends nothing and a NaN is
@@ -20,12 +22,12 @@ full sync. Imports torch alone (it runs inside a vLLM server's workers).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from muarl.weight_sync.buckets import INDEX, dtype_name
+from muarl.weight_sync.buckets import INDEX, dtype_name, dtype_of
 
 #: a tensor with more than this share of its values changed goes whole (bytes: a change costs 6 bytes a
 #: value in bf16 against 2; seconds: measured with ``benchmarks/weight_sync.py --sweep``, research/benchmarks.md)
@@ -54,43 +56,70 @@ class SentWeights:
         """The share of the model's values that changed at the last encode (1.0 at a link's first sync)."""
         return self.changed / self.total if self.total else 0.0
 
-    def encode(self, weights: Iterable[tuple[str, torch.Tensor]], wire: torch.dtype
-               ) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
-        """(plan entry, its parts) per weight of ``weights``, in order: ``send`` "full" (parts: the tensor
-        in wire dtype), "changed" (``count``; parts: flat positions, new values), "same" or "alias" (``of``:
-        a tied weight, the earlier name of its tensor; no parts). The record is the new values as each is
-        encoded: a sync that fails must end the link (and with it this record), as
-        :class:`~muarl.weight_sync.link.WeightLink` does."""
+    def plan(self, weights: Iterable[tuple[str, torch.Tensor]], wire: torch.dtype) -> list[dict[str, Any]]:
+        """The plan's entries of ``weights`` (``{"name", "dtype", "shape"}``, known before any comparison, so
+        the plan can go ahead of the bytes), a tied weight's marked ``send`` "alias" with ``of``, the earlier
+        name of its tensor. Starts a sync's count of changed values."""
         self.changed = self.total = 0
         seen: dict[tuple[Any, ...], str] = {}  # a tensor's storage and view -> the first name it went by
+        entries = []
         for name, tensor in weights:
             dtype = wire if tensor.is_floating_point() else tensor.dtype
+            entry: dict[str, Any] = {"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape)}
             view = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
             if view in seen:  # tied: the engine's copy of it is the other name's
-                yield {"name": name, "dtype": dtype_name(dtype), "shape": list(tensor.shape), "send": "alias",
-                       "of": seen[view]}, []
-                continue
-            seen[view] = name
-            # a copy even where the dtype and device are the trainer's (a float32 engine, a bf16 rollout copy):
-            # the record must keep what was sent, not follow the live tensor
-            new = tensor.detach().to(device=self.device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
-            entry: dict[str, Any] = {"name": name, "dtype": dtype_name(dtype), "shape": list(new.shape)}
-            old = self.values.get(name)
-            self.values[name] = new
-            self.total += new.numel()
-            if old is None or old.shape != new.shape or old.dtype != new.dtype or new.numel() >= 2 ** 31:
-                self.changed += new.numel()
-                yield {**entry, "send": "full"}, [new]
-                continue
-            positions = torch.ne(_bits(new), _bits(old)).nonzero().reshape(-1)
-            count = positions.numel()
-            self.changed += count
-            if count == 0:
-                yield {**entry, "send": "same"}, []
-            elif count > self.full_above * new.numel():
-                yield {**entry, "send": "full"}, [new]
+                entry.update(send="alias", of=seen[view])
             else:
-                yield {**entry, "send": "changed", "count": count}, [positions.to(INDEX), new.reshape(-1)[positions]]
+                seen[view] = name
+            entries.append(entry)
+        return entries
+
+    def encode(self, entry: dict[str, Any], tensor: torch.Tensor) -> tuple[str, int, list[torch.Tensor]]:
+        """(send, count, parts) of one planned weight (not an alias): "full" (parts: the tensor in the wire
+        dtype), "changed" (``count`` positions; parts: flat positions, new values) or "same" (no parts). The
+        record is the new values as each is encoded: a sync that fails must end the link (and with it this
+        record), as :class:`~muarl.weight_sync.link.WeightLink` does."""
+        name = entry["name"]
+        # a copy even where the dtype and device are the trainer's (a float32 engine, a bf16 rollout copy):
+        # the record must keep what was sent, not follow the live tensor
+        new = tensor.detach().to(device=self.device, dtype=dtype_of(entry["dtype"]),
+                                 memory_format=torch.contiguous_format, copy=True)
+        old = self.values.get(name)
+        self.values[name] = new
+        self.total += new.numel()
+        if old is None or old.shape != new.shape or old.dtype != new.dtype or new.numel() >= 2 ** 31:
+            self.changed += new.numel()
+            return "full", new.numel(), [new]
+        positions = torch.ne(_bits(new), _bits(old)).nonzero().reshape(-1)
+        count = positions.numel()
+        self.changed += count
+        if count == 0:
+            return "same", 0, []
+        if count > self.full_above * new.numel():
+            return "full", new.numel(), [new]
+        return "changed", count, [positions.to(INDEX), new.reshape(-1)[positions]]
+
+
+#: how a header names each entry's send (:func:`header`, :func:`read_header`)
+SENDS = ("full", "changed", "same", "alias")
+
+
+def header(sends: list[tuple[str, int]]) -> torch.Tensor:
+    """One bucket's (send, count) per entry as the int64 tensor broadcast ahead of its bytes: the changes'
+    sizes are known only once compared, so each bucket says its own, and the trainer compares the next
+    bucket while this one is on the wire and loading."""
+    return torch.tensor([[SENDS.index(send), count] for send, count in sends], dtype=torch.int64).reshape(-1)
+
+
+def read_header(received: torch.Tensor, bucket: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bucket's entries with their ``send`` (and ``count``) from its received header."""
+    pairs = received.reshape(-1, 2).tolist()
+    if len(pairs) != len(bucket):
+        raise ValueError(f"a header of {len(pairs)} entries for a bucket of {len(bucket)}")
+    entries = []
+    for entry, (code, count) in zip(bucket, pairs, strict=True):
+        entries.append({**entry, "send": SENDS[code], **({"count": count} if SENDS[code] == "changed" else {})})
+    return entries
 
 
 class Mirror:

@@ -35,7 +35,6 @@ import torch.distributed as dist
 from muarl.weight_sync.buckets import (
     BUCKET_BYTES,
     abort_group,
-    bucket_nbytes,
     device_identity,
     dtype_of,
     join,
@@ -45,7 +44,7 @@ from muarl.weight_sync.buckets import (
     plan,
     split,
 )
-from muarl.weight_sync.changes import FULL_ABOVE, SentWeights
+from muarl.weight_sync.changes import FULL_ABOVE, SentWeights, header
 from muarl.weight_sync.receiver import JOINED, RECEIVER
 
 LINK_TIMEOUT_S = 600.0  # one broadcast (a bucket) may take this long before the sync fails
@@ -183,32 +182,46 @@ class WeightLink:
             raise LinkFailed("the weight link broke in an earlier sync")
         weights = list(weights)
         changes = self.sent is not None
+        tensors = dict(weights)
+        moved = [0]
         if self.sent is None:
             buckets = plan(weights, self.wire, self.bucket_bytes)
-            tensors = dict(weights)
 
-            def bucket_bytes(bucket: list[dict[str, Any]]) -> torch.Tensor:
-                return pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
-        else:
-            encoded = list(self.sent.encode(weights, self.wire))
-            buckets = split((entry for entry, _ in encoded), self.bucket_bytes)
-            parts = {entry["name"]: entry_parts for entry, entry_parts in encoded}
-
-            def bucket_bytes(bucket: list[dict[str, Any]]) -> torch.Tensor:
-                return join([part.reshape(-1).view(torch.uint8) for entry in bucket for part in parts[entry["name"]]])
-        payload = json.dumps(buckets)
-
-        def broadcast() -> None:
-            in_flight: tuple[Any, Any] | None = None  # (buffer, its broadcast): the buffer lives until it is sent
-            for bucket in buckets:  # the next bucket is packed while the last one is on the wire
-                buffer = bucket_bytes(bucket)
-                if not buffer.numel():
-                    continue  # unchanged weights only: nothing on the wire (nor does the receiver wait for it)
+            def broadcast() -> None:
+                in_flight: tuple[Any, Any] | None = None  # (buffer, its broadcast): the buffer lives until sent
+                for bucket in buckets:  # the next bucket is packed while the last one is on the wire
+                    buffer = pack([tensors[entry["name"]] for entry in bucket], bucket, self.device)
+                    if in_flight is not None:
+                        in_flight[1].wait()
+                    in_flight = (buffer, self.group.broadcast(buffer, 0))
+                    moved[0] += buffer.numel()
                 if in_flight is not None:
                     in_flight[1].wait()
-                in_flight = (buffer, self.group.broadcast(buffer, 0))
-            if in_flight is not None:
-                in_flight[1].wait()
+        else:
+            sent = self.sent
+            buckets = split(sent.plan(weights, self.wire), self.bucket_bytes)
+
+            def broadcast() -> None:
+                in_flight: list[tuple[Any, Any]] = []  # the last bucket's header and bytes, with their broadcasts
+                for bucket in buckets:  # the next bucket is compared while the last one is on the wire and loading
+                    sends, parts = [], []
+                    for entry in bucket:
+                        if entry.get("send") == "alias":
+                            sends.append(("alias", 0))
+                            continue
+                        send, count, entry_parts = sent.encode(entry, tensors[entry["name"]])
+                        sends.append((send, count))
+                        parts += [part.reshape(-1).view(torch.uint8) for part in entry_parts]
+                    head, buffer = header(sends).to(self.device), join(parts)
+                    for _, work in in_flight:
+                        work.wait()
+                    in_flight = [(head, self.group.broadcast(head, 0))]
+                    if buffer.numel():  # unchanged weights only: no bytes (the receiver reads so in the header)
+                        in_flight.append((buffer, self.group.broadcast(buffer, 0)))
+                    moved[0] += head.numel() * head.itemsize + buffer.numel()
+                for _, work in in_flight:
+                    work.wait()
+        payload = json.dumps(buckets)
 
         def receive(server: Any) -> None:
             with server.paused():
@@ -232,7 +245,7 @@ class WeightLink:
             raise LinkFailed("; ".join(f"{who} could not take the weights ({err})" for who, err in failed))
         for server in self.servers:
             server.stats.weight_syncs += 1
-        return sum(bucket_nbytes(bucket) for bucket in buckets)
+        return moved[0]
 
     @property
     def changed_share(self) -> float | None:

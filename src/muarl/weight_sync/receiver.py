@@ -33,7 +33,7 @@ from muarl.weight_sync.buckets import (
     unpack,
     unpack_entries,
 )
-from muarl.weight_sync.changes import Mirror
+from muarl.weight_sync.changes import Mirror, read_header
 
 #: the ``--worker-extension-cls`` a server needs for the in-memory sync
 RECEIVER = "muarl.weight_sync.receiver.WeightReceiver"
@@ -83,49 +83,92 @@ class WeightReceiver:
             raise RuntimeError("muarl_receive before muarl_open_link: no weight link to receive on")
         _, group, device = self._muarl_link
         buckets = json.loads(plan)
-        if changes and self._muarl_mirror is None:
-            self._muarl_mirror = Mirror()
-        mirror = self._muarl_mirror if changes else None
-
-        def weights(buffer: torch.Tensor, bucket: list[dict[str, Any]]):
-            if mirror is None:
-                yield from unpack(buffer, bucket)
-                return
-            for entry, parts in unpack_entries(buffer, bucket):
-                yield entry["name"], mirror.apply(entry, parts)
-
+        if changes:
+            if self._muarl_mirror is None:
+                self._muarl_mirror = Mirror()
+            return self._muarl_receive_changes(buckets, group, device, self._muarl_mirror)
         posted: list[tuple[torch.Tensor, Any]] = []  # (buffer, its broadcast in flight), one bucket ahead
 
-        def post() -> None:  # a bucket of unchanged weights only has no bytes, and no broadcast (nor the trainer's)
+        def post() -> None:
             buffer = torch.empty(bucket_nbytes(buckets[len(posted)]), dtype=torch.uint8, device=device)
-            posted.append((buffer, group.broadcast(buffer, 0) if buffer.numel() else None))
+            posted.append((buffer, group.broadcast(buffer, 0)))
 
         def stream():
             for index, bucket in enumerate(buckets):
                 if len(posted) == index:
                     post()
                 buffer, arrival = posted[index]
-                if arrival is not None:
-                    arrival.wait()
+                arrival.wait()
                 if len(posted) < len(buckets):  # the next bucket comes in while this one loads
                     post()
-                yield from weights(buffer, bucket)
+                yield from unpack(buffer, bucket)
                 posted[index] = (buffer.new_empty(0), None)  # loaded: its memory can go
 
         try:
             self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)  # type: ignore[attr-defined]
-        except BaseException:
-            self._muarl_mirror = None  # applied in part: no change may build on it (the link ends, then a full sync)
-            raise
         finally:
             for _, arrival in posted:
                 if arrival is not None:
                     arrival.wait()
             while len(posted) < len(buckets):
                 post()
-                if posted[-1][1] is not None:
-                    posted[-1][1].wait()
+                posted[-1][1].wait()
         return {"buckets": len(buckets), "bytes": sum(bucket_nbytes(b) for b in buckets)}
+
+    def _muarl_receive_changes(self, buckets: list[list[dict[str, Any]]], group: Any, device: torch.device,
+                         mirror: Mirror) -> dict[str, Any]:
+        """The changes' form of :meth:`muarl_receive`: each bucket's header (its entries' send and count),
+        then its bytes, in the trainer's order (header 0, bytes 0, header 1, ...; a bucket of no bytes has
+        no second broadcast); applied to ``mirror`` and every weight reloaded from it. The next header is
+        posted before a bucket loads, its bytes once it has come. A failure drops the mirror (applied in
+        part: no change may build on it) and still takes every remaining broadcast off the wire."""
+        heads: list[tuple[torch.Tensor, Any]] = []
+        payloads: list[tuple[torch.Tensor, Any, list[dict[str, Any]]]] = []
+        moved = [0]
+
+        def post_head() -> None:
+            head = torch.empty(2 * len(buckets[len(heads)]), dtype=torch.int64, device=device)
+            heads.append((head, group.broadcast(head, 0)))
+
+        def post_payload() -> None:
+            head, arrival = heads[len(payloads)]
+            arrival.wait()
+            entries = read_header(head.cpu(), buckets[len(payloads)])
+            buffer = torch.empty(bucket_nbytes(entries), dtype=torch.uint8, device=device)
+            payloads.append((buffer, group.broadcast(buffer, 0) if buffer.numel() else None, entries))
+            moved[0] += head.numel() * head.itemsize + buffer.numel()
+
+        def stream():
+            for index in range(len(buckets)):
+                if len(heads) == index:
+                    post_head()
+                if len(payloads) == index:
+                    post_payload()
+                if index + 1 < len(buckets) and len(heads) == index + 1:
+                    post_head()  # the trainer sends it once this bucket's bytes are out
+                buffer, arrival, entries = payloads[index]
+                if arrival is not None:
+                    arrival.wait()
+                for entry, parts in unpack_entries(buffer, entries):
+                    yield entry["name"], mirror.apply(entry, parts)
+                payloads[index] = (buffer.new_empty(0), None, entries)  # applied: its memory can go
+
+        try:
+            self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        except BaseException:
+            self._muarl_mirror = None
+            raise
+        finally:
+            while len(payloads) < len(buckets):  # in the trainer's order: the next header, then its bytes
+                if len(heads) == len(payloads):
+                    post_head()
+                post_payload()
+            for _, arrival in heads:
+                arrival.wait()
+            for _, arrival, _ in payloads:
+                if arrival is not None:
+                    arrival.wait()
+        return {"buckets": len(buckets), "bytes": moved[0]}
 
     def muarl_close_link(self) -> None:
         """End the link, its group aborted (the trainer opens a new one when it needs to): a group dropped
