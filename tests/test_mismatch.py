@@ -259,8 +259,8 @@ def test_the_sampler_is_released_before_each_update_and_synced_after_it(tmp_path
             return 0.0
 
     monkeypatch.setattr(orchestrator, "make_sampler",
-                        lambda config, model, tokenizer, dist=None, files=None: Recording(model, tokenizer, config.temperature,
-                                                                   config.max_new_tokens))
+                        lambda config, model, tokenizer, dist=None, files=None: Recording(
+                            model, tokenizer, config.temperature, config.max_new_tokens))
     config = preset("tiny", out=str(tmp_path / "run"), domain="train_fixtures:coin", steps=2, tasks_per_step=2,
                     group_size=4, max_new_tokens=8, max_turns=2, lr=1e-2, kl_beta=0.0, save_every=0)
     train_grpo(config, progress=False)
