@@ -7,8 +7,7 @@ the engine already holds. Here the trainer keeps what it last sent (:class:`Sent
 model in the engine's dtype where the link's buffers live) and sends, per tensor, its changed positions
 (flat, int32) and their new values, each bucket's sizes in a small header broadcast ahead of its bytes
 (so the next bucket is compared while one is on the wire and loading); a tensor with more than
-``full_above`` of its values changed goes
-whole (measured: ``benchmarks/weight_sync.py --sweep``), an unchanged one sends nothing, and a tied weight
+``full_above`` of its values changed goes whole, an unchanged one sends nothing, and a tied weight
 (Qwen3-0.6B's LM head, its embeddings' own tensor) is named as the other's alias, compared and sent once.
 The comparison is of the bits, so a value rounded back to what the engine has sends nothing and a NaN is
 never "equal".
@@ -29,8 +28,9 @@ import torch
 
 from muarl.weight_sync.buckets import INDEX, dtype_name, dtype_of
 
-#: a tensor with more than this share of its values changed goes whole (bytes: a change costs 6 bytes a
-#: value in bf16 against 2; seconds: measured with ``benchmarks/weight_sync.py --sweep``, research/benchmarks.md)
+#: a tensor with more than this share of its values changed goes whole, set by the bytes (a change costs 6
+#: bytes a value in bf16 against 2: at 25% it moves 75% of the whole tensor's); the seconds' crossover was not
+#: measurable on a loaded 2-core machine (``benchmarks/weight_sync.py --sweep``, research/benchmarks.md)
 FULL_ABOVE = 0.25
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
