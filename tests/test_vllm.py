@@ -391,6 +391,15 @@ def _changed_as_the_trainer(policy, before_model, after_model, trajectories, lor
     return largest
 
 
+def _scores_as_sampled(policy, trajectories) -> None:
+    """The engine scores each trajectory's sampled tokens as it did when it sampled them (its weights are
+    the ones it sampled with again)."""
+    for traj in trajectories:
+        mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+        assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
+                              atol=TOLERANCE)
+
+
 def _sync_of(policy, lora: bool = False, **options):
     """The weight sync a trainer uses for ``policy`` (muarl.weight_sync): a server's, or the in-process
     engine's; the caller closes it before the policy."""
@@ -560,10 +569,7 @@ def test_server_full_weight_sync_moves_the_server_as_the_trainer(vllm_server, we
             assert torch.allclose(trainer, engine, atol=TOLERANCE)
         # back to the starting weights: the server scores as the untouched model again
         sync.push(start)
-        for traj in (good, bad):
-            mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
-            assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
-                                  atol=TOLERANCE)
+        _scores_as_sampled(policy, [good, bad])
     finally:
         sync.close()
         policy.close()
@@ -606,10 +612,7 @@ def test_server_sync_of_changes_scores_as_the_trainer_after_every_update(vllm_se
         sync.push(model)
         assert sync.sync_bytes == 16 * len(model.state_dict()) and sync.changed_share == 0.0  # the headers alone
         sync.push(start)
-        for traj in (good, bad):
-            mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
-            assert torch.allclose(_engine_scores(policy, traj.token_ids)[mask], torch.tensor(traj.logprobs)[mask],
-                                  atol=TOLERANCE)
+        _scores_as_sampled(policy, [good, bad])
     finally:
         sync.close()
         policy.close()
