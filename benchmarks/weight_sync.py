@@ -24,10 +24,12 @@ under the changed sync must equal those under the full one (the same bf16 weight
 stops). ``--sweep`` adds syncs of every tensor with a set share of its values changed (its changes sent
 even above the whole-tensor threshold), to find the share where sending changes stops paying.
 
-    python benchmarks/weight_sync.py --changes --layers 28 --lrs 1e-6,1e-5 --updates 3 --sweep
+    python benchmarks/weight_sync.py --changes --layers 28 --lrs 1e-6,1e-5 --updates 5 --repeats 2 --sweep
 
 Its lines: ``lr L: changed vs full: N.NNx faster, bytes P% of full (changed S s, B GB, share C; full S s,
-B GB)``, the medians over the updates after the first (a link's first sync is whole).
+B GB)``, the medians over the updates after the first (a link's first sync is whole), and per way where
+the seconds went: ``compared`` (the trainer's casts and comparisons), ``sent`` (the last byte broadcast)
+and ``loaded`` (the slowest worker's receive and reload), from the sync's start.
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ def main() -> None:
     parser.add_argument("--python", help="the vLLM environment's interpreter (default: scripts/install_vllm.sh's)")
     parser.add_argument("--dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "muarl-weight-sync"))
     parser.add_argument("--changes", action="store_true", help="full broadcast vs changed values, bf16 server")
-    parser.add_argument("--lrs", default="1e-6,1e-5", help="with --changes: the AdamW learning rates")
+    parser.add_argument("--lrs", default="1e-6,1e-5", help="with --changes: the AdamW learning rates ('': none)")
     parser.add_argument("--updates", type=int, default=3, help="with --changes: AdamW updates per way and lr")
+    parser.add_argument("--repeats", type=int, default=1, help="with --changes: runs of each way per lr (ABBA...)")
     parser.add_argument("--sweep", action="store_true", help="with --changes: syncs at set changed shares")
     args = parser.parse_args()
     if args.changes:
@@ -166,12 +169,16 @@ def changes(args: argparse.Namespace) -> None:
     try:
         _, tokenizer = load(str(model_dir))
         ids = tokenizer("I would like to return the order I placed last week, please.")["input_ids"]
-        for k, lr in enumerate(float(x) for x in args.lrs.split(",")):
+        for k, lr in enumerate(float(x) for x in args.lrs.split(",") if x.strip()):
             seconds: dict[str, list[float]] = {way: [] for way in WAYS}
             moved: dict[str, list[int]] = {way: [] for way in WAYS}
             served: dict[str, list[torch.Tensor]] = {way: [] for way in WAYS}
             shares: list[float] = []
-            for way in (WAYS if k % 2 == 0 else WAYS[::-1]):  # the order alternates over the learning rates
+            split: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}  # the link's own seconds
+            # the ways alternate, ABBA..., over the repeats and the learning rates: a machine's drift in load
+            # falls on both
+            order = [way for r in range(args.repeats) for way in (WAYS if (k + r) % 2 == 0 else WAYS[::-1])]
+            for way in order:
                 model, _ = load(str(model_dir))
                 optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)  # no whole-model temporaries
                 sync = ServerSync([policy], lora=False, how=way)
@@ -186,19 +193,21 @@ def changes(args: argparse.Namespace) -> None:
                         sync.push(model)
                         seconds[way].append(time.perf_counter() - began)
                         moved[way].append(sync.sync_bytes)
+                        split[way].append(_split(sync))
                         share = sync.changed_share
                         if share is not None:
                             shares.append(share)
                         served[way].append(_served(policy, ids))
                         print(f"lr {lr:g} update {update + 1} {way}: {seconds[way][-1]:.2f} s, "
-                              f"{moved[way][-1] / 1e9:.3f} GB" + ("" if share is None else f", share {share:.4f}"),
-                              flush=True)
+                              f"{moved[way][-1] / 1e9:.3f} GB" + ("" if share is None else f", share {share:.4f}")
+                              + "; " + ", ".join(f"{k} {v:.2f} s" for k, v in split[way][-1].items()), flush=True)
                     if way == "memory":
                         print(f"lr {lr:g}: server (bf16) vs trainer (float32) log-probs {_gap(policy, model, ids):.1e}")
                 finally:
                     sync.close()
                 del model, optimizer
                 gc.collect()
+                _give_back()
             for update, (full, changed) in enumerate(zip(served["memory"], served["changed"], strict=True)):
                 if not torch.equal(full, changed):
                     sys.exit(f"weight_sync: after update {update + 1} at lr {lr:g} the server scores "
@@ -209,8 +218,11 @@ def changes(args: argparse.Namespace) -> None:
                   f"{100 * changed_b / full_b:.1f}% of full (changed {changed_s:.2f} s, {changed_b / 1e9:.3f} GB, "
                   f"share {statistics.median(shares):.4f}; full {full_s:.2f} s, {full_b / 1e9:.3f} GB); the "
                   "server's log-probs equal after every update", flush=True)
+            for way in WAYS:
+                print(f"lr {lr:g}: {way}: median " + ", ".join(
+                    f"{k} {statistics.median(d[k] for d in split[way]):.2f} s" for k in split[way][0]), flush=True)
         if args.sweep:
-            _sweep(policy, model_dir)
+            _sweep(policy, model_dir, args.updates)
     finally:
         policy.close()
         os.killpg(proc.pid, 15)
@@ -221,37 +233,60 @@ def changes(args: argparse.Namespace) -> None:
 WAYS = ("memory", "changed")
 
 
-def _sweep(policy, model_dir: Path) -> None:
-    """Seconds of one sync with a set share of every tensor's values changed, changes sent at every share
-    (the whole-tensor threshold lifted), against the full broadcast of such a change; each after an untimed
-    whole sync on a link of its own."""
+def _sweep(policy, model_dir: Path, syncs: int) -> None:
+    """Seconds per sync with a set share of every tensor's values changed, changes sent at every share (the
+    whole-tensor threshold lifted), against the full broadcast of such changes: per share and way, a link of
+    its own, an untimed whole sync, then ``syncs`` timed ones, each after a new change; the medians."""
     import torch
 
     from muarl.models import load
     from muarl.weight_sync.servers import ServerSync
 
     model, _ = load(str(model_dir))
-    for k, share in enumerate((0.01, 0.05, 0.1, 0.2, 0.3, 0.5)):
-        times, found = {}, 0.0
+    for k, share in enumerate((0.01, 0.05, 0.1, 0.2, 0.3)):
+        times: dict[str, list[float]] = {way: [] for way in WAYS}
+        found = 0.0
         for way in (WAYS if k % 2 == 0 else WAYS[::-1]):
             sync = ServerSync([policy], lora=False, how=way)
             try:
                 sync.push(model)  # untimed: a link's first sync is whole
                 if sync.link.sent is not None:
                     sync.link.sent.full_above = 1.0  # this sweep sends changes at any share
-                torch.manual_seed(k)
-                with torch.no_grad():
-                    for p in model.parameters():
-                        flat = p.view(-1)
-                        flat[torch.rand(flat.numel()) < share] *= 1.25
-                began = time.perf_counter()
-                sync.push(model)
-                times[way] = time.perf_counter() - began
-                found = sync.changed_share if sync.changed_share is not None else found
+                for n in range(syncs):
+                    torch.manual_seed(100 * k + n)  # the same changes both ways
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            flat = p.view(-1)
+                            flat[torch.rand(flat.numel()) < share] *= 1.25
+                    began = time.perf_counter()
+                    sync.push(model)
+                    times[way].append(time.perf_counter() - began)
+                    found = sync.changed_share if sync.changed_share is not None else found
             finally:
                 sync.close()
-        print(f"sweep: share {found:.3f}: changed {times['changed']:.2f} s, full {times['memory']:.2f} s "
-              f"({times['memory'] / times['changed']:.2f}x)", flush=True)
+        changed, full = statistics.median(times["changed"]), statistics.median(times["memory"])
+        print(f"sweep: share {found:.3f}: changed {changed:.2f} s, full {full:.2f} s ({full / changed:.2f}x; "
+              f"medians of {syncs})", flush=True)
+
+
+def _give_back() -> None:
+    """Freed memory back to the system between phases (glibc keeps it otherwise: a third phase of the
+    float32 trainer with its AdamW state was killed for memory on this 24 GB machine)."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _split(sync) -> dict[str, float]:
+    """Where the last sync's seconds went: the trainer's comparison (changes only), the broadcast's end and
+    the slowest worker's receive-and-reload, each from the link (:attr:`WeightLink.last_seconds`)."""
+    link = sync.link
+    seconds = dict(link.last_seconds)
+    if link.sent is not None:
+        seconds = {"compared": link.sent.seconds, **seconds}
+    return seconds
 
 
 def _served(policy, ids: list[int]):

@@ -104,6 +104,15 @@ def recorded(monkeypatch):
     return events
 
 
+@pytest.fixture
+def threshold_of_bytes(monkeypatch):
+    """The whole-tensor threshold set by the bytes (25%), as on a GPU: these tests are of the changes' path,
+    and AdamW at lr 1e-5 changes 5-15% of a small model's bf16 values, above the CPU's measured 5%."""
+    from muarl.weight_sync import changes
+
+    monkeypatch.setitem(changes.FULL_ABOVE, "cpu", 0.25)
+
+
 def _weights():
     torch.manual_seed(0)
     return [("weight", torch.randn(3, 4)), ("bias", torch.randn(3))]
@@ -163,7 +172,7 @@ def _engine_equals_trainer(worker: _Worker, model: torch.nn.Module) -> None:
 
 
 @pytest.mark.parametrize("engine_dtype", [torch.bfloat16, torch.float32])
-def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_updates_and_resumes(engine_dtype):
+def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_updates_and_resumes(engine_dtype, threshold_of_bytes):
     """``--vllm-weight-sync changed`` (issue 59, item 3): after every sync, over updates, the engine's
     weights are the trainer's in its dtype bit for bit (float32 too, the trainer's own: the record is a copy); syncs after the first send only what changed, and less
     than a full broadcast; a resumed trainer (a new link, the worker's mirror from before) and a restarted
@@ -194,6 +203,7 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
             sync.push(model)
             _engine_equals_trainer(server.worker, model)
             assert 0 < sync.changed_share < 0.5 and sync.sync_bytes < full / 2, (sync.changed_share, sync.sync_bytes)
+            assert set(sync.link.last_seconds) == {"sent", "loaded"} and sync.link.sent.seconds > 0  # the split
         sync.push(model)  # nothing changed: nothing on the wire
         assert sync.sync_bytes == 16 * len(model.state_dict()) and sync.changed_share == 0.0  # the headers alone
         _engine_equals_trainer(server.worker, model)
@@ -225,7 +235,7 @@ def test_a_sync_of_changes_keeps_the_engine_on_the_trainers_weights_through_upda
         sync.close()
 
 
-def test_a_change_to_a_weight_the_worker_never_received_whole_is_refused():
+def test_a_change_to_a_weight_the_worker_never_received_whole_is_refused(threshold_of_bytes):
     """A worker whose mirror was lost (a failed load drops it) refuses a change instead of loading a weight
     built on nothing; the trainer's link breaks, and the next sync is whole."""
     from muarl.weight_sync.servers import ServerSync
@@ -261,7 +271,7 @@ class _Tied(torch.nn.Module):
         return self.head(self.body(x))
 
 
-def test_a_tied_weight_is_compared_and_sent_once_and_reaches_the_engine_under_both_names():
+def test_a_tied_weight_is_compared_and_sent_once_and_reaches_the_engine_under_both_names(threshold_of_bytes):
     from muarl.weight_sync.servers import ServerSync
 
     torch.manual_seed(2)
@@ -279,5 +289,33 @@ def test_a_tied_weight_is_compared_and_sent_once_and_reaches_the_engine_under_bo
             _adamw_steps(model, optimizer, 1)
             sync.push(model)
             _engine_equals_trainer(server.worker, model)  # head.weight included: the alias reloads it too
+    finally:
+        sync.close()
+
+
+def test_a_large_tensor_whose_sample_says_most_values_changed_goes_whole_without_a_full_comparison():
+    """Above ``FULL_ABOVE`` comparing every value costs more than sending the tensor whole (measured:
+    research/benchmarks.md), so a large tensor is judged by a sample first: with most values changed it
+    goes whole uncompared, with few it is compared and sends its changes; the engine is the trainer's
+    after both."""
+    from muarl.weight_sync.changes import SAMPLE
+    from muarl.weight_sync.servers import ServerSync
+
+    torch.manual_seed(3)
+    model = torch.nn.Linear(256, 16 * SAMPLE // 256 + 1, bias=False)  # just above the sampled size
+    values = model.weight.numel()
+    server = _Server(_Worker(dtype=torch.bfloat16), [])
+    sync = ServerSync([_Engine(server)], lora=False, how="changed")
+    try:
+        sync.push(model)
+        for share, compared in ((0.6, 0), (0.01, values)):
+            with torch.no_grad():
+                flat = model.weight.view(-1)
+                flat[torch.rand(values) < share] *= 1.5
+            sync.push(model)
+            assert sync.link.sent.compared == compared, (share, sync.link.sent.compared)
+            assert (sync.sync_bytes >= 2 * values) == (share > sync.link.sent.full_above)  # whole, or its changes
+            assert abs(sync.changed_share - share) < 0.05  # the sample's estimate, or the count
+            _engine_equals_trainer(server.worker, model)
     finally:
         sync.close()

@@ -44,7 +44,7 @@ from muarl.weight_sync.buckets import (
     plan,
     split,
 )
-from muarl.weight_sync.changes import FULL_ABOVE, SentWeights, header
+from muarl.weight_sync.changes import SentWeights, header
 from muarl.weight_sync.receiver import JOINED, RECEIVER
 
 LINK_TIMEOUT_S = 600.0  # one broadcast (a bucket) may take this long before the sync fails
@@ -106,21 +106,25 @@ class WeightLink:
     (:class:`~muarl.policies.vllm_server.VLLMServer`); :meth:`open` makes one. ``wire``: the engines'
     dtype, which every floating weight is cast to before it leaves; ``backend``: gloo or nccl; ``changes``:
     after the first sync, send only the values that changed (:mod:`muarl.weight_sync.changes`), a tensor
-    with more than ``full_above`` of its values changed whole."""
+    with more than ``full_above`` of its values changed whole (None: :data:`~muarl.weight_sync.changes.FULL_ABOVE`
+    for the link's device)."""
 
     def __init__(self, servers: list[Any], group: Any, store: Any, wire: torch.dtype, backend: str,
-                 bucket_bytes: int = BUCKET_BYTES, changes: bool = False, full_above: float = FULL_ABOVE):
+                 bucket_bytes: int = BUCKET_BYTES, changes: bool = False, full_above: float | None = None):
         self.servers, self.group, self.store, self.wire, self.backend = servers, group, store, wire, backend
         self.bucket_bytes = bucket_bytes
         self.device = link_device(backend)
         self.broken = False
+        #: the last sync's seconds: "sent" (its last byte broadcast, from the sync's start) and "loaded" (the
+        #: slowest worker's receive and reload), where a sync's time goes (benchmarks/weight_sync.py)
+        self.last_seconds: dict[str, float] = {}
         #: what the engines hold, for a sync of changes (None: every sync sends every weight)
         self.sent = SentWeights(self.device, full_above) if changes else None
 
     @classmethod
     def open(cls, servers: list[Any], *, backend: str = "auto", timeout_s: float = LINK_TIMEOUT_S,
              bucket_bytes: int = BUCKET_BYTES, changes: bool = False,
-             full_above: float = FULL_ABOVE) -> WeightLink | None:
+             full_above: float | None = None) -> WeightLink | None:
         """Join every worker of ``servers`` into one group with this process; None when a server has no
         receiver (started without muarl's worker extension), any other failure a :class:`LinkFailed`.
         ``backend``: "auto" (:func:`choose_backend`), gloo or nccl. The group is whole and in working order
@@ -183,7 +187,7 @@ class WeightLink:
         weights = list(weights)
         changes = self.sent is not None
         tensors = dict(weights)
-        moved = [0]
+        moved, sent_at = [0], [0.0]
         if self.sent is None:
             buckets = plan(weights, self.wire, self.bucket_bytes)
 
@@ -197,6 +201,7 @@ class WeightLink:
                     moved[0] += buffer.numel()
                 if in_flight is not None:
                     in_flight[1].wait()
+                sent_at[0] = time.perf_counter()
         else:
             sent = self.sent
             buckets = split(sent.plan(weights, self.wire), self.bucket_bytes)
@@ -221,14 +226,15 @@ class WeightLink:
                     moved[0] += head.numel() * head.itemsize + buffer.numel()
                 for _, work in in_flight:
                     work.wait()
+                sent_at[0] = time.perf_counter()
         payload = json.dumps(buckets)
+        began = time.perf_counter()
 
-        def receive(server: Any) -> None:
+        def receive(server: Any) -> list[dict[str, Any]]:
             with server.paused():
                 if changes:
-                    server.rpc("muarl_receive", plan=payload, changes=True)
-                else:  # as a receiver of before the changes' form takes it
-                    server.rpc("muarl_receive", plan=payload)
+                    return server.rpc("muarl_receive", plan=payload, changes=True)
+                return server.rpc("muarl_receive", plan=payload)  # as a receiver of before the changes' form
 
         loads = [_background(receive, server) for server in self.servers]
         sender = _background(broadcast)
@@ -245,6 +251,9 @@ class WeightLink:
             raise LinkFailed("; ".join(f"{who} could not take the weights ({err})" for who, err in failed))
         for server in self.servers:
             server.stats.weight_syncs += 1
+        answers = [answer for load in loads for answer in load.result() or ()]
+        self.last_seconds = {"sent": sent_at[0] - began,
+                             "loaded": max((float(a.get("seconds", 0.0)) for a in answers), default=0.0)}
         return moved[0]
 
     @property

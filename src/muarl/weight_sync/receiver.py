@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from typing import Any
 
 import torch
@@ -83,10 +84,12 @@ class WeightReceiver:
             raise RuntimeError("muarl_receive before muarl_open_link: no weight link to receive on")
         _, group, device = self._muarl_link
         buckets = json.loads(plan)
+        began = time.perf_counter()
         if changes:
             if self._muarl_mirror is None:
                 self._muarl_mirror = Mirror()
-            return self._muarl_receive_changes(buckets, group, device, self._muarl_mirror)
+            answer = self._muarl_receive_changes(buckets, group, device, self._muarl_mirror)
+            return {**answer, "seconds": time.perf_counter() - began}
         posted: list[tuple[torch.Tensor, Any]] = []  # (buffer, its broadcast in flight), one bucket ahead
 
         def post() -> None:
@@ -113,7 +116,8 @@ class WeightReceiver:
             while len(posted) < len(buckets):
                 post()
                 posted[-1][1].wait()
-        return {"buckets": len(buckets), "bytes": sum(bucket_nbytes(b) for b in buckets)}
+        return {"buckets": len(buckets), "bytes": sum(bucket_nbytes(b) for b in buckets),
+                "seconds": time.perf_counter() - began}
 
     def _muarl_receive_changes(self, buckets: list[list[dict[str, Any]]], group: Any, device: torch.device,
                          mirror: Mirror) -> dict[str, Any]:
