@@ -156,6 +156,7 @@ def changes(args: argparse.Namespace) -> None:
 
     import torch
 
+    from muarl.allocator import release_freed
     from muarl.models import load
     from muarl.policies.vllm_server import VLLMServerPolicy
     from muarl.weight_sync.servers import ServerSync
@@ -207,7 +208,7 @@ def changes(args: argparse.Namespace) -> None:
                     sync.close()
                 del model, optimizer
                 gc.collect()
-                _give_back()
+                release_freed()  # glibc keeps the freed pages otherwise: a 4th phase was killed for memory
             for update, (full, changed) in enumerate(zip(served["memory"], served["changed"], strict=True)):
                 if not torch.equal(full, changed):
                     sys.exit(f"weight_sync: after update {update + 1} at lr {lr:g} the server scores "
@@ -267,16 +268,6 @@ def _sweep(policy, model_dir: Path, syncs: int) -> None:
         changed, full = statistics.median(times["changed"]), statistics.median(times["memory"])
         print(f"sweep: share {found:.3f}: changed {changed:.2f} s, full {full:.2f} s ({full / changed:.2f}x; "
               f"medians of {syncs})", flush=True)
-
-
-def _give_back() -> None:
-    """Freed memory back to the system between phases (glibc keeps it otherwise: a third phase of the
-    float32 trainer with its AdamW state was killed for memory on this 24 GB machine)."""
-    import contextlib
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):  # not glibc
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _split(sync) -> dict[str, float]:

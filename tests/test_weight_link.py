@@ -110,7 +110,7 @@ def threshold_of_bytes(monkeypatch):
     and AdamW at lr 1e-5 changes 5-15% of a small model's bf16 values, above the CPU's measured 5%."""
     from muarl.weight_sync import changes
 
-    monkeypatch.setitem(changes.FULL_ABOVE, "cpu", 0.25)
+    monkeypatch.setitem(changes.FULL_ABOVE, "cpu", changes.BY_BYTES)
 
 
 def _weights():

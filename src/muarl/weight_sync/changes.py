@@ -31,12 +31,14 @@ import torch
 
 from muarl.weight_sync.buckets import INDEX, dtype_name, dtype_of
 
+#: the threshold the bytes set: a change costs 6 bytes a value in bf16 against 2, so at 25% it moves 75% of
+#: the whole tensor's
+BY_BYTES = 0.25
 #: the changed share above which a tensor goes whole, by the link's device type. On a CPU, comparing every
 #: value and listing the changes costs more than sending the whole tensor above about 5% changed (Qwen3-0.6B's
 #: shape, ``benchmarks/weight_sync.py --sweep``: 1.32x faster at 1%, 0.96x at 5%, 0.78x at 10%;
-#: research/benchmarks.md). On a GPU the comparison is cheap and the bytes set it until measured there: a
-#: change costs 6 bytes a value in bf16 against 2, so at 25% it moves 75% of the whole tensor's.
-FULL_ABOVE = {"cpu": 0.05, "cuda": 0.25}
+#: research/benchmarks.md). On a GPU the comparison is cheap: the bytes set it until measured there.
+FULL_ABOVE = {"cpu": 0.05, "cuda": BY_BYTES}
 
 #: values sampled from a large tensor to judge, before comparing every value, whether it goes whole
 SAMPLE = 4096
@@ -56,7 +58,7 @@ class SentWeights:
 
     def __init__(self, device: torch.device, full_above: float | None = None):
         self.device = torch.device(device)
-        self.full_above = FULL_ABOVE.get(self.device.type, 0.25) if full_above is None else full_above
+        self.full_above = FULL_ABOVE.get(self.device.type, BY_BYTES) if full_above is None else full_above
         self.values: dict[str, torch.Tensor] = {}
         self.changed = 0  # values that differed from the engine's at the last encode
         self.total = 0  # values compared (floating and not) at the last encode
