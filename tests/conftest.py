@@ -41,6 +41,16 @@ def require(available: bool, reason: str) -> None:
     pytest.skip(reason, allow_module_level=True)
 
 
+@pytest.fixture(autouse=True)
+def short_link_timeout(monkeypatch):
+    """A weight link opened in a test fails a broadcast that cannot complete in 60 s, not the link's 600 s: a
+    sender and a receiver that disagree on the bytes wait for each other until the timeout, and a broken sync
+    would hold CI for ten minutes a test (the servers take the timeout from the trainer's end)."""
+    from muarl.weight_sync import link
+
+    monkeypatch.setattr(link, "LINK_TIMEOUT_S", 60.0)
+
+
 @pytest.fixture(scope="session")
 def retail() -> Domain:
     return get_domain("retail")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -49,8 +50,9 @@ class _Worker(WeightReceiver):
 
     rank = 0
 
-    def __init__(self, fail: bool = False, dtype: torch.dtype = torch.float32):
+    def __init__(self, fail: bool = False, dtype: torch.dtype = torch.float32, reload_s: float = 0.0):
         self.model = torch.nn.Linear(4, 3).to(dtype)
+        self.reload_s = reload_s  # how long each reload takes
         self.model_runner = SimpleNamespace(get_model=lambda: self.model)
         self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=dtype))
         self.fail, self.received = fail, {}
@@ -59,6 +61,7 @@ class _Worker(WeightReceiver):
         if self.fail:
             raise RuntimeError("the worker's reload failed")
         self.received.update({name: tensor.clone() for name, tensor in weights_iterator})
+        time.sleep(self.reload_s)  # after the last bytes arrived: the loading itself
 
 
 class _Server:
@@ -136,6 +139,20 @@ def test_the_link_is_built_when_it_opens_not_inside_the_first_pause(recorded):
     assert {("abort", 0), ("abort", 1)} <= set(recorded)  # a closed link's group is ended on both ends
 
 
+def test_the_link_says_where_a_syncs_seconds_went(recorded):
+    """``last_seconds``: "sent" ends at the last byte broadcast and "loaded" is the worker's receive with its
+    reload, so a reload that takes 0.5 s shows in "loaded" and not in "sent", and neither exceeds the sync."""
+    link = WeightLink.open([_Server(_Worker(reload_s=0.5), recorded)])
+    try:
+        began = time.perf_counter()
+        link.send(_weights())
+        wall = time.perf_counter() - began
+        sent, loaded = link.last_seconds["sent"], link.last_seconds["loaded"]
+        assert 0 < sent < 0.5 <= loaded <= wall, (sent, loaded, wall)
+    finally:
+        link.close()
+
+
 def test_a_failed_link_is_aborted_before_it_is_dropped(recorded):
     link = WeightLink.open([_Server(_Worker(fail=True), recorded)])
     try:
@@ -145,6 +162,29 @@ def test_a_failed_link_is_aborted_before_it_is_dropped(recorded):
         assert link.broken and ("abort", 0) in recorded, recorded
     finally:
         link.close()
+
+
+def test_a_sync_refused_mid_broadcast_ends_without_waiting_out_the_links_timeout(recorded):
+    """A restarted server's new worker refuses the old link's sync at once, while the trainer's broadcast of
+    64 MB (more than the sockets buffer) has no reader: the failure, and closing the broken link, return
+    then, not when the broadcast times out (60 s in the tests, 600 s in a run): gloo's abort leaves the
+    broadcast in flight, and dropping the group would wait for it."""
+    class Late(_Worker):
+        def muarl_receive(self, *args, **kwargs):  # refuses once the trainer's broadcast is under way
+            time.sleep(0.5)
+            return super().muarl_receive(*args, **kwargs)
+
+    server = _Server(_Worker(), recorded)
+    link = WeightLink.open([server])
+    old, server.worker = server.worker, Late()  # a new worker: no link of its own; the old one's group lives
+    began = time.perf_counter()
+    try:
+        with pytest.raises(LinkFailed, match="before muarl_open_link"):
+            link.send([("weight", torch.randn(4096, 4096))])
+    finally:
+        link.close()
+    assert time.perf_counter() - began < 20
+    old.muarl_close_link()
 
 
 class _Engine:

@@ -184,9 +184,17 @@ def open_group(store: dist.Store, rank: int, world: int, backend: str, timeout_s
     return group
 
 
+_ENDED: list[Any] = []  # every group abort_group ended, kept until the process ends
+
+
 def abort_group(group: Any) -> None:
     """End ``group`` here and now (``abort``: local, no peer needed), before it is dropped: a failed link's
-    collectives still queued would otherwise be timed out by NCCL's watchdog, which then ends the process."""
+    collectives still queued would otherwise be timed out by NCCL's watchdog, which then ends the process.
+
+    The group is kept (in ``_ENDED``) rather than dropped by its caller: gloo's abort does not end a broadcast
+    in flight to a peer that left, and a group's destructor waits for it, so the caller whose reference was
+    the last would wait out the link's timeout (600 s) in a plain ``self.group = None``."""
     if group is not None:
         with contextlib.suppress(Exception):  # ending it is all that is asked: a group already ended is fine
             group.abort()
+        _ENDED.append(group)

@@ -122,14 +122,16 @@ class WeightLink:
         self.sent = SentWeights(self.device, full_above) if changes else None
 
     @classmethod
-    def open(cls, servers: list[Any], *, backend: str = "auto", timeout_s: float = LINK_TIMEOUT_S,
+    def open(cls, servers: list[Any], *, backend: str = "auto", timeout_s: float | None = None,
              bucket_bytes: int = BUCKET_BYTES, changes: bool = False,
              full_above: float | None = None) -> WeightLink | None:
         """Join every worker of ``servers`` into one group with this process; None when a server has no
         receiver (started without muarl's worker extension), any other failure a :class:`LinkFailed`.
         ``backend``: "auto" (:func:`choose_backend`), gloo or nccl. The group is whole and in working order
         (NCCL's communicator built) when this returns: no sync builds it inside a server's pause. A link
-        that fails to open has its group aborted."""
+        that fails to open has its group aborted. ``timeout_s``: how long one broadcast may take before the
+        sync fails, on both ends (None: :data:`LINK_TIMEOUT_S`, read when the link opens)."""
+        timeout_s = LINK_TIMEOUT_S if timeout_s is None else timeout_s
         infos: list[list[dict[str, Any]]] = []
         for server in servers:
             try:
