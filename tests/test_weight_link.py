@@ -187,6 +187,41 @@ def test_a_sync_refused_mid_broadcast_ends_without_waiting_out_the_links_timeout
     old.muarl_close_link()
 
 
+_EXITS_AFTER_A_REFUSED_SYNC = """
+import sys, time, torch
+sys.path.insert(0, sys.argv[1])
+from muarl.weight_sync import link
+link.LINK_TIMEOUT_S = 3.0
+from test_weight_link import _Server, _Worker
+class Late(_Worker):
+    def muarl_receive(self, *args, **kwargs):
+        time.sleep(0.5)
+        return super().muarl_receive(*args, **kwargs)
+server = _Server(_Worker(), [])
+weights = link.WeightLink.open([server])
+old, server.worker = server.worker, Late()  # the old worker's group stays open and does not read
+try:
+    weights.send([("weight", torch.randn(4096, 4096))])
+except link.LinkFailed:
+    print("refused", flush=True)
+weights.close()
+"""
+
+
+def test_a_process_that_ends_after_a_refused_sync_exits_cleanly(tmp_path):
+    """The trainer's process ends while its broadcast to a worker that stopped reading is still in flight
+    (a group ended but not yet destroyed): it waits for that broadcast's timeout, says so, and exits 0; a
+    group destroyed during the interpreter's shutdown instead ends it with SIGABRT (exit -6)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _EXITS_AFTER_A_REFUSED_SYNC, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0 and "refused" in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "waiting for a failed weight sync's broadcast" in done.stderr, done.stderr[-2000:]
+
+
 class _Engine:
     """A VLLMServerPolicy as ServerSync sees one: its name and its server."""
 

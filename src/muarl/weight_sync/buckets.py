@@ -11,10 +11,13 @@ the group. Imports torch alone: it runs inside a vLLM server's workers and in a 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import math
 import socket
+import sys
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -184,17 +187,45 @@ def open_group(store: dist.Store, rank: int, world: int, backend: str, timeout_s
     return group
 
 
-_ENDED: list[Any] = []  # every group abort_group ended, kept until the process ends
+HOLD_S = 5.0  # how long an ended group's last reference stays in its own thread, past every caller's
 
 
 def abort_group(group: Any) -> None:
     """End ``group`` here and now (``abort``: local, no peer needed), before it is dropped: a failed link's
     collectives still queued would otherwise be timed out by NCCL's watchdog, which then ends the process.
 
-    The group is kept (in ``_ENDED``) rather than dropped by its caller: gloo's abort does not end a broadcast
-    in flight to a peer that left, and a group's destructor waits for it, so the caller whose reference was
-    the last would wait out the link's timeout (600 s) in a plain ``self.group = None``."""
+    The group's last reference is dropped in a daemon thread of its own, :data:`HOLD_S` after the callers'
+    are gone: gloo's abort does not end a broadcast in flight to a peer that stopped reading, and a group's
+    destructor waits for it, so a caller whose reference was the last would wait out the link's timeout
+    (600 s) in a plain ``self.group = None``, and a process that ends holding one is ended by the C++
+    runtime (SIGABRT) instead of exiting."""
     if group is not None:
         with contextlib.suppress(Exception):  # ending it is all that is asked: a group already ended is fine
             group.abort()
-        _ENDED.append(group)
+        dropping = threading.Thread(target=_drop_later, args=([group],), name="muarl-ended-group", daemon=True)
+        dropping.start()
+        _DROPPING[:] = [*(thread for thread in _DROPPING if thread.is_alive()), dropping]
+
+
+_DROPPING: list[threading.Thread] = []  # the threads dropping ended groups, joined before the process exits
+_EXITING = threading.Event()
+
+
+def _drop_later(held: list[Any]) -> None:
+    _EXITING.wait(HOLD_S)
+    held.clear()  # the destructor runs here, and waits here for a broadcast still in flight
+
+
+@atexit.register
+def _join_dropping() -> None:
+    """A group destroyed during the interpreter's shutdown with a broadcast in flight ends the process with
+    SIGABRT: at exit, every ended group is dropped at once and its destructor waited for (at most the link's
+    timeout, only after a sync that failed with a peer that stopped reading: said on stderr)."""
+    _EXITING.set()
+    waiting = [thread for thread in _DROPPING if thread.is_alive()]
+    for thread in waiting:
+        thread.join(timeout=1.0)
+    if any(thread.is_alive() for thread in waiting):
+        print("muarl: waiting for a failed weight sync's broadcast to time out before exiting", file=sys.stderr)
+    for thread in waiting:
+        thread.join()
