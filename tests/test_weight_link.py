@@ -164,47 +164,45 @@ def test_a_failed_link_is_aborted_before_it_is_dropped(recorded):
         link.close()
 
 
-def test_a_sync_refused_mid_broadcast_ends_without_waiting_out_the_links_timeout(recorded):
-    """A restarted server's new worker refuses the old link's sync at once, while the trainer's broadcast of
-    64 MB (more than the sockets buffer) has no reader: the failure, and closing the broken link, return
-    then, not when the broadcast times out (60 s in the tests, 600 s in a run): gloo's abort leaves the
-    broadcast in flight, and dropping the group would wait for it."""
-    class Late(_Worker):
-        def muarl_receive(self, *args, **kwargs):  # refuses once the trainer's broadcast is under way
-            time.sleep(0.5)
-            return super().muarl_receive(*args, **kwargs)
+class _LateWorker(_Worker):
+    """A restarted server's new worker: no link of its own, so it refuses a sync, 0.5 s into it."""
 
-    server = _Server(_Worker(), recorded)
+    def muarl_receive(self, *args, **kwargs):
+        time.sleep(0.5)
+        return super().muarl_receive(*args, **kwargs)
+
+
+def _refused_mid_broadcast(events: list) -> tuple[WeightLink, _Worker]:
+    """(the broken link, the old worker) after a new worker refused a sync 0.5 s into a 64 MB broadcast (more
+    than the sockets buffer) that the old worker, its group still open, never reads."""
+    server = _Server(_Worker(), events)
     link = WeightLink.open([server])
-    old, server.worker = server.worker, Late()  # a new worker: no link of its own; the old one's group lives
+    old, server.worker = server.worker, _LateWorker()
+    with pytest.raises(LinkFailed, match="before muarl_open_link"):
+        link.send([("weight", torch.randn(4096, 4096))])
+    return link, old
+
+
+def test_a_sync_refused_mid_broadcast_ends_without_waiting_out_the_links_timeout(recorded):
+    """The failure, and closing the broken link, return at once, not when the broadcast no one reads times
+    out (60 s in the tests, 600 s in a run): gloo's abort leaves the broadcast in flight, and dropping the
+    group would wait for it."""
     began = time.perf_counter()
-    try:
-        with pytest.raises(LinkFailed, match="before muarl_open_link"):
-            link.send([("weight", torch.randn(4096, 4096))])
-    finally:
-        link.close()
+    link, old = _refused_mid_broadcast(recorded)
+    link.close()
     assert time.perf_counter() - began < 20
     old.muarl_close_link()
 
 
 _EXITS_AFTER_A_REFUSED_SYNC = """
-import sys, time, torch
+import sys
 sys.path.insert(0, sys.argv[1])
 from muarl.weight_sync import link
 link.LINK_TIMEOUT_S = 3.0
-from test_weight_link import _Server, _Worker
-class Late(_Worker):
-    def muarl_receive(self, *args, **kwargs):
-        time.sleep(0.5)
-        return super().muarl_receive(*args, **kwargs)
-server = _Server(_Worker(), [])
-weights = link.WeightLink.open([server])
-old, server.worker = server.worker, Late()  # the old worker's group stays open and does not read
-try:
-    weights.send([("weight", torch.randn(4096, 4096))])
-except link.LinkFailed:
-    print("refused", flush=True)
-weights.close()
+from test_weight_link import _refused_mid_broadcast
+broken, old = _refused_mid_broadcast([])
+print("refused", flush=True)
+broken.close()
 """
 
 
