@@ -204,11 +204,19 @@ def abort_group(group: Any) -> None:
             group.abort()
         dropping = threading.Thread(target=_drop_later, args=([group],), name="muarl-ended-group", daemon=True)
         dropping.start()
-        _DROPPING[:] = [*(thread for thread in _DROPPING if thread.is_alive()), dropping]
+        join_at_exit(dropping)
 
 
-_DROPPING: list[threading.Thread] = []  # the threads dropping ended groups, joined before the process exits
+_HELD: list[threading.Thread] = []  # threads the process's exit waits for (see join_at_exit)
 _EXITING = threading.Event()
+
+
+def join_at_exit(thread: threading.Thread) -> None:
+    """``thread``, blocked in a collective or in a group's destructor, is joined before the interpreter shuts
+    down: a daemon thread that returns from C++ (a broadcast timed out) after the shutdown began is ended by
+    ``pthread_exit`` inside pybind11's GIL guard, and the C++ runtime ends the process with SIGABRT
+    ("terminate called without an active exception")."""
+    _HELD[:] = [*(held for held in _HELD if held.is_alive()), thread]
 
 
 def _drop_later(held: list[Any]) -> None:
@@ -217,12 +225,13 @@ def _drop_later(held: list[Any]) -> None:
 
 
 @atexit.register
-def _join_dropping() -> None:
-    """A group destroyed during the interpreter's shutdown with a broadcast in flight ends the process with
-    SIGABRT: at exit, every ended group is dropped at once and its destructor waited for (at most the link's
-    timeout, only after a sync that failed with a peer that stopped reading: said on stderr)."""
+def _join_held() -> None:
+    """A group destroyed during the interpreter's shutdown with a broadcast in flight, or a sender whose
+    broadcast times out then, ends the process with SIGABRT: at exit, every ended group is dropped at once
+    and its destructor waited for, and every sender too (at most the link's timeout, only after a sync that
+    failed with a peer that stopped reading: said on stderr)."""
     _EXITING.set()
-    waiting = [thread for thread in _DROPPING if thread.is_alive()]
+    waiting = [thread for thread in _HELD if thread.is_alive()]
     for thread in waiting:
         thread.join(timeout=1.0)
     if any(thread.is_alive() for thread in waiting):

@@ -38,6 +38,7 @@ from muarl.weight_sync.buckets import (
     device_identity,
     dtype_of,
     join,
+    join_at_exit,
     link_device,
     open_group,
     pack,
@@ -239,7 +240,7 @@ class WeightLink:
                 return server.rpc("muarl_receive", plan=payload)  # as a receiver of before the changes' form
 
         loads = [_background(receive, server) for server in self.servers]
-        sender = _background(broadcast)
+        sender = _background(broadcast, hold_exit=True)  # a failed sync's broadcast may time out at exit
         # the first failure ends the wait: the others may be held in a broadcast that cannot complete now
         wait([*loads, sender], return_when=FIRST_EXCEPTION)
         failed = [(server.url, load.exception()) for server, load in zip(self.servers, loads, strict=True)
@@ -303,9 +304,10 @@ class LazyLink:
             self.link = None
 
 
-def _background(fn: Any, *args: Any, **kwargs: Any) -> Future:
+def _background(fn: Any, *args: Any, hold_exit: bool = False, **kwargs: Any) -> Future:
     """``fn`` in a daemon thread: a caller that gives up on it (a failed sync, whose broadcast may wait out
-    its timeout) is not held by it, nor is the process's exit (a pool's threads are joined at exit)."""
+    its timeout) is not held by it, nor is the process's exit (a pool's threads are joined at exit), unless
+    ``hold_exit``: a thread in a collective, joined at exit (:func:`muarl.weight_sync.buckets.join_at_exit`)."""
     future: Future = Future()
 
     def run() -> None:
@@ -315,5 +317,8 @@ def _background(fn: Any, *args: Any, **kwargs: Any) -> Future:
             except BaseException as err:
                 future.set_exception(err)
 
-    threading.Thread(target=run, name="muarl-link", daemon=True).start()
+    thread = threading.Thread(target=run, name="muarl-link", daemon=True)
+    thread.start()
+    if hold_exit:
+        join_at_exit(thread)
     return future
