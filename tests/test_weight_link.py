@@ -218,8 +218,8 @@ def test_a_process_that_ends_after_a_refused_sync_exits_cleanly(tmp_path):
     """The trainer's process ends while its broadcast to a worker that stopped reading is still in flight
     (a group ended but not yet destroyed): it waits for that broadcast's timeout, says so, and exits 0. The
     ended group and the sender are both waited for: a group destroyed during the interpreter's shutdown ends
-    it with SIGABRT (exit -6), and so does a sender whose broadcast times out then (pthread_exit in C++, seen
-    in CI; here it winds up 1 s late, so that one left running shows)."""
+    it with SIGABRT (exit -6), and so does a sender whose broadcast times out then (pthread_exit in C++: the
+    likely cause of CI's -6, whose log was cut off; here the sender winds up 1 s late, so one left running shows)."""
     import subprocess
     import sys
     from pathlib import Path
